@@ -1,0 +1,396 @@
+"""The broker: queues, durable publish, flows, timers. The shell around storage and the core.
+
+Threads and locks
+* Callers' threads publish, bind, receive and ack. Publishes never take the broker lock: they
+  encode in the caller's thread and queue a write for the group-commit thread.
+* ``self._lock`` guards delivery state (``QueueDelivery`` objects). Under it, code may read LMDB
+  and *queue* writes, but never waits for a commit: that happens after the lock is released,
+  so the commit thread can never wait on a caller holding the lock.
+* With a ``SystemClock`` a ticker thread runs due timers every 50 ms. With any other clock
+  (``ManualClock`` in tests) timers run when ``tick()`` or ``Flow.receive`` is called.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Iterable
+
+from partq.clock import SystemClock
+from partq.config import QueueConfig
+from partq.delivery import QueueDelivery
+from partq.delivery_lock import DeliveryLock, queue_holder
+from partq.errors import (InvalidConfig, InvalidMessage, PartqError, QueueExists, QueueNotFound)
+from partq.flow import Flow
+from partq.hashing import key_partition
+from partq.message import PublishResult
+from partq.rebalancer import Rebalancer
+from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.storage import Store, encode_record
+from partq.storage.encoding import decode_meta
+from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
+
+log = logging.getLogger("partq.broker")
+
+TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
+POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
+
+
+class Broker:
+    """A partq directory opened for publishing, consuming and administration.
+
+    Use ``Broker.open(path)``; close it (or use ``with``). Safe to share between threads of one
+    process; not across ``fork()`` (open it again in the child).
+    """
+
+    def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
+        self._store = store
+        self.clock = clock
+        self._rng = rng
+        self._lock = threading.RLock()
+        self._deliveries: dict[str, QueueDelivery] = {}
+        self._delivery_locks: dict[str, DeliveryLock] = {}
+        self._configs: dict[str, QueueConfig] = {}      # publish-side cache (validation only)
+        self._raw_configs: dict[bytes, QueueConfig] = {}
+        self._data_cond = threading.Condition()
+        self._data_gen = 0
+        self._closed = False
+        store._writer.add_listener(self._wake_receivers)
+        self._ticker = None
+        if auto_tick:
+            self._ticker_stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick_loop, name="partq-ticker", daemon=True)
+            self._ticker.start()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, durability: str = "sync", clock=None,
+             seed: int | None = None, map_size: int = DEFAULT_MAP_SIZE,
+             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True,
+             auto_tick: bool | None = None) -> "Broker":
+        """Open the partq directory ``path`` (created if missing unless ``create=False``).
+
+        ``durability``: "sync" (default; publish and ack return after an fsynced commit) or
+        "async" (see ``partq.storage.Store.open`` for exactly what it gives up). ``clock``:
+        ``SystemClock()`` by default. ``seed``: seeds the random unkeyed partitioner.
+        ``map_size``/``max_map_size``: initial and largest LMDB map; the map doubles on demand
+        up to the largest, past which writes fail with ``StorageFull``.
+        """
+        clock = clock or SystemClock()
+        store = Store.open(path, durability=durability, map_size=map_size, max_map_size=max_map_size,
+                           create=create)
+        if auto_tick is None:
+            auto_tick = isinstance(clock, SystemClock)
+        return cls(store, clock, random.Random(seed), auto_tick)
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    @property
+    def open_report(self) -> dict:
+        """What opening did (store created, stale reader slots cleared)."""
+        return self._store.report.as_dict()
+
+    # ------------------------------------------------------------------ queues
+    def create_queue(self, name: str, partitions: int = 1, **options) -> QueueConfig:
+        """Create a queue; options are the fields of ``QueueConfig``."""
+        try:
+            config = QueueConfig(name=name, partitions=partitions, **options)
+        except TypeError as exc:
+            raise InvalidConfig(f"unknown queue option: {exc}") from None
+
+        def op(w):
+            if w.queue(name) is not None:
+                raise QueueExists(f"queue {name!r} already exists; pick another name or delete it")
+            created = dataclasses.replace(config, qid=w.allocate_qid())
+            w.put_queue(name, created.to_dict())
+            for p in range(created.partitions):
+                w.init_partition(created.qid, p)
+            return created
+        return self._store.write(op)
+
+    def queue_config(self, name: str) -> QueueConfig:
+        with self._store.read() as r:
+            raw = r.queue(name)
+        if raw is None:
+            raise QueueNotFound(f"no queue named {name!r}; create it with create_queue "
+                                f"(or `partq queue create {name}`)")
+        return QueueConfig.from_dict(raw)
+
+    def queues(self) -> list[QueueConfig]:
+        with self._store.read() as r:
+            return [QueueConfig.from_dict(c) for c in r.queues().values()]
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue and its messages. Refused while another process runs its delivery."""
+        config = self.queue_config(name)
+        with self._lock:
+            qd = self._deliveries.pop(name, None)
+            if qd is not None:
+                for flow in list(qd.flows.values()):
+                    flow._close(f"queue {name!r} was deleted")
+            lock = self._delivery_locks.pop(name, None) or DeliveryLock(self.path, config.qid, name)
+            self._configs.pop(name, None)
+        try:
+            self._store.write(lambda w: w.delete_queue(name))
+        finally:
+            lock.release()
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, queue: str, payload: bytes, key: str | None = None,
+                headers: dict | None = None) -> PublishResult:
+        """Publish one message; return once it is durable (S23). Concurrent publishers in this
+        process share commits. A keyed message goes to ``crc32c(key) % partitions`` (S1)."""
+        config = self._publish_config(queue)
+        record = self._encode(config, payload, key, headers)
+        return self._store.write(self._publish_op(queue, [(key, record)], single=True))
+
+    def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
+        """Publish a batch in one transaction: all of it is durable when this returns, or none of
+        it is stored. Items are ``payload``, ``(payload, key)`` or ``(payload, key, headers)``."""
+        config = self._publish_config(queue)
+        encoded = []
+        encode = self._encode
+        for item in items:
+            if isinstance(item, tuple):
+                n = len(item)
+                key = item[1] if n > 1 else None
+                encoded.append((key, encode(config, item[0], key, item[2] if n > 2 else None)))
+            else:
+                encoded.append((None, encode(config, item, None, None)))
+        if not encoded:
+            return []
+        return self._store.write(self._publish_op(queue, encoded, single=False))
+
+    def _publish_config(self, queue: str) -> QueueConfig:
+        config = self._configs.get(queue)
+        if config is None:
+            config = self._configs[queue] = self.queue_config(queue)
+        return config
+
+    def _encode(self, config: QueueConfig, payload, key, headers) -> bytes:
+        if not isinstance(payload, bytes):
+            if isinstance(payload, (bytearray, memoryview)):
+                payload = bytes(payload)
+            else:
+                raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
+        if len(payload) > config.max_message_size:
+            raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
+                                 f"{config.max_message_size} of queue {config.name!r}")
+        if key is not None:
+            if not isinstance(key, str):
+                raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
+            if len(key) > config.max_key_size or len(key.encode()) > config.max_key_size:
+                raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
+        if headers is not None and not isinstance(headers, dict):
+            raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
+        try:
+            return encode_record(self.clock.wall_ns(), key, headers, payload)
+        except (TypeError, ValueError) as exc:
+            raise InvalidMessage(f"headers cannot be encoded: {exc}") from None
+
+    def _config_in(self, w, queue: str) -> QueueConfig:
+        """The queue's config as of this transaction (another process may have changed it)."""
+        raw = w._txn.get(queue.encode(), db=w._dbs["queues"])
+        if raw is None:
+            raise QueueNotFound(f"no queue named {queue!r}")
+        config = self._raw_configs.get(raw)
+        if config is None:
+            if len(self._raw_configs) > 64:
+                self._raw_configs.clear()
+            config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
+        return config
+
+    def _publish_op(self, queue: str, items: list[tuple[str | None, bytes]], single: bool):
+        """The write that places records: partitions are chosen inside the transaction, from the
+        partition count it sees, so a concurrent scale from another process cannot misplace."""
+        rng = self._rng
+
+        def op(w):
+            config = self._config_in(w, queue)
+            n, qid = config.partitions, config.qid
+            if single:
+                key, record = items[0]
+                p = key_partition(key, n) if key is not None else rng.randrange(n)
+                return PublishResult(p, w.append(qid, p, [record]))
+            buckets: dict[int, list[bytes]] = {}
+            placed = []
+            for key, record in items:
+                p = key_partition(key, n) if key is not None else rng.randrange(n)
+                bucket = buckets.get(p)
+                if bucket is None:
+                    bucket = buckets[p] = []
+                placed.append((p, len(bucket)))
+                bucket.append(record)
+            firsts = {p: w.append(qid, p, recs) for p, recs in buckets.items()}
+            return [PublishResult(p, firsts[p] + i) for p, i in placed]
+        return op
+
+    # ------------------------------------------------------------------ consume
+    def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
+             skip_corrupt: bool = False) -> Flow:
+        """Bind a flow to ``queue`` and return it with its assigned partitions (S15).
+
+        ``name``: a stable consumer name; a consumer that binds again under it within the
+        rebalance delay (even after its own restart) gets its partitions back (S17).
+        ``hint``: the partition set a reconnecting consumer held (``flow.partitions``).
+        ``skip_corrupt``: deliver past records that fail their checksum (logged) instead of
+        stopping delivery of that partition.
+        """
+        if name is not None and not isinstance(name, str):
+            raise InvalidConfig(f"flow name must be a str, not {type(name).__name__}")
+        if hint is not None:
+            hint = list(hint)
+            if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):
+                raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
+        with self._lock:
+            qd = self._delivery(queue)
+            if name is not None and qd.core.find_bound(name) is not None:
+                raise InvalidConfig(f"a flow named {name!r} is already bound to {queue!r}; "
+                                    f"unbind it first or pick another name")
+            flow = Flow(self, qd, uuid.uuid4().hex[:12], name, skip_corrupt)
+            fut = self._submit(qd.bind(flow, hint, self.clock.now()))
+        self._wait(fut)
+        return flow
+
+    def _delivery(self, queue: str) -> QueueDelivery:
+        """This process's delivery runtime for ``queue``; takes the queue's delivery lock."""
+        qd = self._deliveries.get(queue)
+        if qd is not None:
+            return qd
+        config = self.queue_config(queue)
+        lock = DeliveryLock(self.path, config.qid, queue)
+        try:
+            with self._store.read() as r:
+                qd = QueueDelivery(config, r, self.clock.now())
+        except BaseException:
+            lock.release()
+            raise
+        self._delivery_locks[queue] = lock
+        self._deliveries[queue] = qd
+        return qd
+
+    def _submit(self, ops: list) -> Future | None:
+        """Queue ``ops`` as one write (call under the lock to keep their order)."""
+        if not ops:
+            return None
+        if len(ops) == 1:
+            return self._store.submit(ops[0])
+        return self._store.submit(lambda w: [op(w) for op in ops])
+
+    def _wait(self, fut: Future | None) -> None:
+        """Wait for a commit (never under the lock); wake receivers whose state changed."""
+        if fut is not None:
+            fut.result()
+        self._wake_receivers()
+
+    def _wake_receivers(self) -> None:
+        with self._data_cond:
+            self._data_gen += 1
+            self._data_cond.notify_all()
+
+    def _wait_for_data(self, gen: int, timeout: float) -> None:
+        with self._data_cond:
+            if self._data_gen == gen:
+                self._data_cond.wait(timeout)
+
+    # ------------------------------------------------------------------ timers
+    def tick(self) -> None:
+        """Run every rebalance and handoff timer that is due by the clock."""
+        self._store._check_usable()
+        with self._lock:
+            fut = self._submit(self._due_timer_ops())
+        self._wait(fut)
+
+    def _due_timer_ops(self) -> list:
+        now = self.clock.now()
+        ops: list = []
+        for qd in self._deliveries.values():
+            deadline = qd.core.next_deadline()
+            if deadline is not None and deadline <= now:
+                ops += qd.tick(now)
+        return ops
+
+    def _tick_loop(self) -> None:
+        while not self._ticker_stop.wait(TICK_INTERVAL):
+            try:
+                self.tick()
+            except PartqError as exc:
+                if self._closed:
+                    return
+                log.warning("timer run failed: %s", exc)
+
+    # ------------------------------------------------------------------ status
+    def queue_status(self, queue: str) -> QueueStatus:
+        """Statuses, flows and depths of ``queue``. From a process that does not run its
+        delivery, assignments and statuses are those the owner last persisted."""
+        with self._lock:
+            qd = self._deliveries.get(queue)
+            with self._store.read() as r:
+                raw = r.queue(queue)
+                if raw is None:
+                    raise QueueNotFound(f"no queue named {queue!r}")
+                config = QueueConfig.from_dict(raw)
+                if qd is not None:
+                    core, statuses, rebalance = qd.core, None, qd.core.status
+                else:
+                    blob = r.state(config.qid)
+                    state = decode_meta(blob, f"state of {queue!r}") if blob else None
+                    core = (Rebalancer.restored(state["core"], 0, 0, 0) if state
+                            else Rebalancer(config.partitions, 0, 0))
+                    statuses = state["partition_status"] if state else None
+                    rebalance = state["rebalance_status"] if state else "Ready"
+                parts = []
+                for p in range(config.partitions):
+                    ack = r.ack_state(config.qid, p)
+                    head = r.head(config.qid, p)
+                    owner = core.owner[p] if p < core.n else None
+                    info = core.flows.get(owner) if owner else None
+                    ps = qd.parts[p] if qd is not None and p < len(qd.parts) else None
+                    parts.append(PartitionStatus(
+                        partition=p,
+                        status=statuses[p] if statuses and p < len(statuses) else core.partition_status(p),
+                        flow=owner, flow_name=info.name if info else None,
+                        depth=head - ack.floor - len(ack.above), unacked=len(ps.inflight) if ps else 0,
+                        next_seq=head, ack_floor=ack.floor,
+                        error=str(ps.error) if ps is not None and ps.error else None))
+            flows = [FlowStatus(f.flow_id, f.name, f.bound if qd is not None else False,
+                                bool(f.partitions), sorted(f.partitions))
+                     for f in sorted(core.flows.values(), key=lambda f: f.order)]
+        return QueueStatus(
+            name=queue, partition_count=config.partitions, rebalance_status=rebalance,
+            scaling_status="Ready", ingress_enabled=config.ingress_enabled,
+            egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
+            partitions=parts, flows=flows, delivery_owner=queue_holder(self.path, config.qid))
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close flows (their state stays: consumers that come back within the rebalance delay
+        after the next open keep their partitions), release delivery locks, close the store."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker_stop.set()
+            if threading.current_thread() is not self._ticker:
+                self._ticker.join()
+        with self._lock:
+            for qd in self._deliveries.values():
+                for flow in list(qd.flows.values()):
+                    flow._close("the broker was closed")
+            self._deliveries.clear()
+            for lock in self._delivery_locks.values():
+                lock.release()
+            self._delivery_locks.clear()
+        self._wake_receivers()
+        self._store.close()
+
+    def __enter__(self) -> "Broker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""Queue configuration: what ``create_queue`` accepts, validated once, stored as a dict."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+from partq.errors import InvalidConfig
+
+PARTITIONERS = ("random", "sticky")
+MAX_PARTITIONS = 1 << 16
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Settings of one queue. Defaults follow the Solace broker where it has one."""
+
+    name: str
+    partitions: int = 1
+    rebalance_delay: float = 5.0
+    max_handoff_time: float = 3.0
+    max_delivered_unacked_per_flow: int = 10_000
+    partitioner: str = "random"
+    sticky_batch_size: int = 16_384
+    adaptive: bool = True
+    partition_availability_timeout: float = 0.0
+    max_message_size: int = 10 << 20
+    max_key_size: int = 1024
+    ingress_enabled: bool = True
+    egress_enabled: bool = True
+    reject_msg_to_sender: bool = True
+    reject_msg_to_sender_when_shutdown: bool = False
+    qid: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise InvalidConfig(f"queue name {self.name!r} must be 1-200 characters of letters, "
+                                f"digits and . _ - /, starting with a letter or digit")
+        _check_int("partitions", self.partitions, 1, MAX_PARTITIONS)
+        _check_int("max_delivered_unacked_per_flow", self.max_delivered_unacked_per_flow, 1, 1 << 31)
+        _check_int("sticky_batch_size", self.sticky_batch_size, 1, 1 << 31)
+        _check_int("max_message_size", self.max_message_size, 1, 1 << 30)
+        _check_int("max_key_size", self.max_key_size, 1, 1 << 16)
+        for f in ("rebalance_delay", "max_handoff_time", "partition_availability_timeout"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise InvalidConfig(f"{f} must be a number of seconds >= 0, not {v!r}")
+        if self.partitioner not in PARTITIONERS:
+            raise InvalidConfig(f"partitioner must be one of {PARTITIONERS}, not {self.partitioner!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QueueConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def replace(self, **changes) -> "QueueConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown or "name" in changes or "qid" in changes:
+            raise InvalidConfig(f"cannot change {sorted(unknown | ({'name', 'qid'} & set(changes)))}")
+        return dataclasses.replace(self, **changes)
+
+
+def _check_int(field: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidConfig(f"{field} must be an integer from {low} to {high}, not {value!r}")

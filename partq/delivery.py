@@ -1,0 +1,265 @@
+"""Delivery of one queue in the process that owns it: cursors, in-flight messages, and the shell
+around the pure ``Rebalancer`` that carries out its actions.
+
+Everything here runs under the broker's lock and never waits for a commit: methods return the
+write operations to submit (in order, still under the lock) so that the caller can wait for the
+commit after releasing it.
+
+Per partition the shell keeps:
+* ``next``: the next sequence to look at for delivery;
+* ``ack``: a mirror of the durable ``AckState`` (floor, acked-above, delivered mark);
+* ``inflight``: seq -> flow id of messages delivered and not yet acked;
+* ``redeliver_upto``: messages with seq <= this are marked redelivered;
+* ``high``: the highest sequence actually delivered in this run.
+
+The durable delivered mark runs ahead of real deliveries by up to ``MARK_LEASE`` sequences (capped
+at the log's head), so most receives need no commit; after a crash every unacked message at or
+below the mark comes back marked redelivered (a possible false positive, never a false negative).
+"""
+from __future__ import annotations
+
+import logging
+
+import msgpack
+
+from partq.config import QueueConfig
+from partq.errors import CorruptRecord, FlowClosed, PartqError
+from partq.message import FlowChangeUpdate, Message
+from partq.rebalancer import (Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume)
+from partq.storage import decode_record
+
+log = logging.getLogger("partq.delivery")
+
+MARK_LEASE = 1024
+
+
+class InvalidAck(PartqError, ValueError):
+    """An ack or nack names a message this queue never delivered."""
+
+
+class _Partition:
+    __slots__ = ("next", "ack", "inflight", "redeliver_upto", "high", "error")
+
+    def __init__(self, ack) -> None:
+        self.ack = ack
+        self.next = ack.floor
+        self.inflight: dict[int, str] = {}
+        self.redeliver_upto = ack.delivered_mark
+        self.high = ack.floor - 1
+        self.error: CorruptRecord | None = None
+
+
+class QueueDelivery:
+    def __init__(self, config: QueueConfig, reader, now: float) -> None:
+        self.config = config
+        self.name = config.name
+        self.qid = config.qid
+        blob = reader.state(self.qid)
+        if blob is None:
+            self.core = Rebalancer(config.partitions, config.rebalance_delay, config.max_handoff_time)
+        else:
+            self.core = Rebalancer.restored(msgpack.unpackb(blob, raw=False)["core"],
+                                            config.rebalance_delay, config.max_handoff_time, now)
+        self.parts = [_Partition(reader.ack_state(self.qid, p)) for p in range(config.partitions)]
+        self.flows: dict[str, object] = {}   # flow id -> Flow
+        self._last_blob: bytes | None = blob
+
+    # ------------------------------------------------------------------ core events
+    def bind(self, flow, hint, now: float) -> list:
+        self.flows[flow.flow_id] = flow
+        return self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
+
+    def unbind(self, flow, now: float) -> list:
+        self.flows.pop(flow.flow_id, None)
+        for ps in self.parts:
+            for seq in [s for s, f in ps.inflight.items() if f == flow.flow_id]:
+                del ps.inflight[seq]
+        return self._run(self.core.unbind(flow.flow_id, now), now)
+
+    def tick(self, now: float) -> list:
+        return self._run(self.core.tick(now), now)
+
+    def _run(self, actions: list, now: float) -> list:
+        """Carry out actions; report drained paused partitions back to the core until quiet.
+        Returns the write operations to submit (the new state blob, if it changed)."""
+        while actions:
+            paused = []
+            for a in actions:
+                if isinstance(a, Pause):
+                    paused.append(a.p)
+                elif isinstance(a, Redeliver):
+                    self._redeliver(a.p)
+                elif isinstance(a, Assign):
+                    if a.flow is None and a.p < len(self.parts):
+                        self._forget_inflight(self.parts[a.p])
+                elif isinstance(a, FlowActive):
+                    flow = self.flows.get(a.flow)
+                    if flow is not None:
+                        flow._changed(FlowChangeUpdate(a.active, frozenset(self.core.partitions_of(a.flow))))
+                elif not isinstance(a, Resume):
+                    raise AssertionError(f"unknown action {a!r}")
+            actions = []
+            for p in paused:
+                actions += self.core.acked(p, self._outstanding(p), now)
+        return self._state_ops()
+
+    def _outstanding(self, p: int) -> int:
+        owner = self.core.owner[p]
+        return sum(1 for f in self.parts[p].inflight.values() if f == owner)
+
+    def _forget_inflight(self, ps: _Partition) -> None:
+        for seq, fid in ps.inflight.items():
+            flow = self.flows.get(fid)
+            if flow is not None:
+                flow._inflight -= 1
+        ps.inflight.clear()
+
+    def _redeliver(self, p: int) -> None:
+        ps = self.parts[p]
+        self._forget_inflight(ps)
+        ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
+        ps.next = ps.ack.floor
+
+    def state_blob(self) -> bytes:
+        core = self.core
+        return msgpack.packb({
+            "core": core.to_dict(),
+            "rebalance_status": core.status,
+            "partition_status": [core.partition_status(p) for p in range(core.n)],
+        }, use_bin_type=True)
+
+    def _state_ops(self) -> list:
+        blob = self.state_blob()
+        if blob == self._last_blob:
+            return []
+        self._last_blob = blob
+        qid = self.qid
+        return [lambda w: w.put_state(qid, blob)]
+
+    # ------------------------------------------------------------------ delivery
+    def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict[int, tuple]]:
+        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages and
+        the delivered marks, partition -> (old, new), that must be durable before they are handed
+        over (``undo_collect`` puts everything back if that commit fails)."""
+        if flow._pending_error is not None:
+            err, flow._pending_error = flow._pending_error, None
+            raise err
+        if not self.config.egress_enabled:
+            return [], {}
+        want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow._inflight)
+        if want <= 0:
+            return [], {}
+        core, fid, name, qid = self.core, flow.flow_id, self.name, self.qid
+        owned = sorted(core.partitions_of(fid))
+        if not owned:
+            return [], {}
+        flow._rr = (flow._rr + 1) % len(owned)
+        out: list[Message] = []
+        marks: dict[int, tuple[int, int]] = {}
+        for p in owned[flow._rr:] + owned[:flow._rr]:
+            if len(out) >= want:
+                break
+            ps = self.parts[p]
+            if p in core.handoffs or ps.error is not None:
+                continue
+            while len(out) < want:
+                batch = reader.records(qid, p, ps.next, want - len(out) + 8)
+                if not batch:
+                    break
+                for seq, raw in batch:
+                    if len(out) >= want:
+                        break
+                    ps.next = seq + 1
+                    if ps.ack.is_acked(seq):
+                        continue
+                    try:
+                        rec = decode_record(raw, name, p, seq)
+                    except CorruptRecord as exc:
+                        if flow.skip_corrupt:
+                            log.error("skipping %s", exc)
+                            continue
+                        ps.next = seq
+                        ps.error = exc
+                        flow._pending_error = exc
+                        break
+                    out.append(Message(name, p, seq, rec.key, rec.payload, rec.headers,
+                                       rec.publish_time_ns, seq <= ps.redeliver_upto))
+                    ps.inflight[seq] = fid
+                    if seq > ps.high:
+                        ps.high = seq
+                if ps.error is not None:
+                    break
+            if ps.high > ps.ack.delivered_mark:
+                mark = min(ps.high + MARK_LEASE, reader.head(qid, p) - 1)
+                marks[p] = (ps.ack.delivered_mark, mark)
+                ps.ack.delivered_mark = mark
+        flow._inflight += len(out)
+        if not out and flow._pending_error is not None:
+            err, flow._pending_error = flow._pending_error, None
+            raise err
+        return out, marks
+
+    def undo_collect(self, flow, msgs: list[Message], marks: dict[int, tuple]) -> None:
+        """The delivered marks could not be made durable: put the messages back."""
+        for p, (old, _new) in marks.items():
+            self.parts[p].ack.delivered_mark = old
+        for m in msgs:
+            ps = self.parts[m.partition]
+            if ps.inflight.pop(m.seq, None) is not None:
+                flow._inflight -= 1
+            ps.next = min(ps.next, m.seq)
+
+    def mark_ops(self, marks: dict[int, tuple]) -> list:
+        qid = self.qid
+        return [lambda w, p=p, m=new: w.set_delivered_mark(qid, p, m) for p, (_, new) in marks.items()]
+
+    def ack(self, flow, msgs, now: float) -> list:
+        """Apply acks in memory (from any flow of this queue: a late ack of a handed-off message
+        is still honoured, so an ack that returned is always durable) and return the writes."""
+        by_p: dict[int, list[int]] = {}
+        for m in msgs:
+            if m.queue != self.name:
+                raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
+            if m.partition >= len(self.parts):
+                continue  # the partition was removed by scaling; its messages are gone
+            ps = self.parts[m.partition]
+            if m.seq > ps.ack.delivered_mark:
+                raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
+            if not ps.ack.is_acked(m.seq):
+                by_p.setdefault(m.partition, []).append(m.seq)
+        if not by_p:
+            return []
+        for p, seqs in by_p.items():
+            ps = self.parts[p]
+            ps.ack.add(seqs)
+            for s in seqs:
+                fid = ps.inflight.pop(s, None)
+                if fid is not None and fid in self.flows:
+                    self.flows[fid]._inflight -= 1
+        qid = self.qid
+        ops = [lambda w, items=list(by_p.items()): [w.ack(qid, p, seqs) for p, seqs in items]]
+        actions = []
+        for p in by_p:
+            if p in self.core.handoffs:
+                actions += self.core.acked(p, self._outstanding(p), now)
+        return ops + self._run(actions, now)
+
+    def nack(self, flow, msg: Message) -> None:
+        """Give ``msg`` back: it and every later in-flight message of its partition are delivered
+        again, in order, marked redelivered (S3 holds across nacks)."""
+        if msg.queue != self.name or msg.partition >= len(self.parts):
+            raise InvalidAck(f"message of {msg.queue!r} partition {msg.partition} is not from this flow")
+        ps = self.parts[msg.partition]
+        if ps.inflight.get(msg.seq) != flow.flow_id:
+            return
+        for seq in sorted(s for s in ps.inflight if s >= msg.seq):
+            fid = ps.inflight.pop(seq)
+            if fid in self.flows:
+                self.flows[fid]._inflight -= 1
+        ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
+        ps.next = min(ps.next, msg.seq)
+
+    def check_flow(self, flow) -> None:
+        if flow._closed:
+            raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"
+                             f"{': ' + flow._closed_reason if flow._closed_reason else ''}; bind again")

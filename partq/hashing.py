@@ -1,0 +1,13 @@
+"""S1: the key-to-partition hash. Part of the on-disk contract: never change it silently."""
+from __future__ import annotations
+
+import crc32c
+
+_crc = crc32c.crc32c
+
+
+def key_partition(key: str, partition_count: int) -> int:
+    """``crc32c(utf8(key)) % partition_count``. Worked example: crc32c(b"customer-42") is
+    0x3C909C8C = 1016110220, so with 7 partitions the key lands in 1016110220 % 7 = 6 and with 4 in
+    partition 0. ``tests/test_hashing.py`` pins a table of such values."""
+    return _crc(key.encode()) % partition_count

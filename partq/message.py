@@ -1,0 +1,34 @@
+"""The values partq hands back: published positions, delivered messages, flow changes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """Where a publish landed: the partition (S1/S2) and its sequence in that partition's log."""
+    partition: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A delivered message. ``redelivered`` is True when the message may have been handed to a
+    consumer before (after a nack, a handoff that timed out, a consumer loss or a broker
+    restart). Like JMSRedelivered it can be a false positive after a restart, never a false
+    negative: a message that was delivered before is always marked."""
+    queue: str
+    partition: int
+    seq: int
+    key: str | None
+    payload: bytes
+    headers: dict | None
+    publish_time_ns: int
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FlowChangeUpdate:
+    """The flow became active (it holds partitions) or inactive (it holds none, a standby)."""
+    active: bool
+    partitions: frozenset[int]

@@ -1,0 +1,44 @@
+"""What ``Broker.queue_status`` reports. Plain dataclasses, so tools can print or JSON them."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    partition: int
+    status: str                 # Unassigned | Ready | Paused | Unbound (S5)
+    flow: str | None            # flow id holding the partition
+    flow_name: str | None
+    depth: int                  # messages published and not yet acked
+    unacked: int                # delivered and not yet acked (0 when read from another process)
+    next_seq: int               # the sequence the next publish gets
+    ack_floor: int              # every seq below it is acked
+    error: str | None = None    # set when delivery stopped on a corrupt record
+
+
+@dataclass(frozen=True)
+class FlowStatus:
+    flow: str
+    name: str | None
+    bound: bool
+    active: bool
+    partitions: list[int]
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    name: str
+    partition_count: int
+    rebalance_status: str       # Ready | Holddown | Rebalancing (S10)
+    scaling_status: str         # Ready | ScalingUp | ScalingDown (S18)
+    ingress_enabled: bool
+    egress_enabled: bool
+    depth: int
+    partitions: list[PartitionStatus] = field(default_factory=list)
+    flows: list[FlowStatus] = field(default_factory=list)
+    delivery_owner: str | None = None   # "pid N on HOST" when a process runs delivery
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,138 @@
+"""Byte layouts of everything partq stores: log keys, records, partition state.
+
+Log key: ``>IIQ`` = queue id (u32), partition (u32), sequence (u64), all big-endian so that LMDB's
+byte order is log order and one partition's records are one contiguous key range.
+
+Record value::
+
+    crc32c (u32, big-endian, over the body) || body
+    body = msgpack [publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes]
+
+The checksum is verified *before* the body is decoded: msgpack decodes many damaged buffers into
+well-formed objects, so the checksum is what tells damage apart from data. Any failure becomes
+``CorruptRecord`` with queue, partition and sequence.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c
+import msgpack
+
+from partq.errors import CorruptRecord, CorruptStore
+
+FORMAT_VERSION = 1
+FORMAT_STAMP = b"partq-format/%d" % FORMAT_VERSION
+
+_LOG_KEY = struct.Struct(">IIQ")
+_PART_KEY = struct.Struct(">II")
+_CRC = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+log_key = _LOG_KEY.pack
+unpack_log_key = _LOG_KEY.unpack
+partition_key = _PART_KEY.pack
+unpack_partition_key = _PART_KEY.unpack
+pack_u64 = _U64.pack
+
+
+def unpack_u64(raw: bytes) -> int:
+    return _U64.unpack(raw)[0]
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+_crc = crc32c.crc32c
+_crc_pack = _CRC.pack
+
+
+def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes) -> bytes:
+    """Encode one record. Not thread-safe only in the sense that callers must not share packers:
+    ``msgpack.Packer.pack`` returns fresh bytes and holds no state between calls (autoreset)."""
+    body = _packer.pack((publish_time_ns, key, headers, payload))
+    return _crc_pack(_crc(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    publish_time_ns: int
+    key: str | None
+    headers: dict | None
+    payload: bytes
+
+
+def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
+    """Check the crc32c, then decode. Raises only ``CorruptRecord``."""
+    if len(raw) < 5:
+        raise CorruptRecord(queue, partition, seq, f"record is {len(raw)} bytes, shorter than a header")
+    view = memoryview(raw)
+    stored = _CRC.unpack_from(view)[0]
+    body = view[4:]
+    if _crc(body) != stored:
+        raise CorruptRecord(queue, partition, seq, "crc32c mismatch")
+    try:
+        fields = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same here
+        raise CorruptRecord(queue, partition, seq, f"undecodable body ({type(exc).__name__})") from None
+    if not (isinstance(fields, tuple) and len(fields) == 4):
+        raise CorruptRecord(queue, partition, seq, "body is not a 4-field record")
+    ts, key, headers, payload = fields
+    if not (isinstance(ts, int) and (key is None or isinstance(key, str))
+            and (headers is None or isinstance(headers, dict)) and isinstance(payload, bytes)):
+        raise CorruptRecord(queue, partition, seq, "record fields have the wrong types")
+    return Record(ts, key, headers, payload)
+
+
+@dataclass(slots=True)
+class AckState:
+    """Durable consumer state of one partition (vocabulary borrowed from nats' ConsumerStore).
+
+    Invariants: every seq < ``floor`` is acked (and truncated from the log); ``above`` holds the
+    acked seqs > floor, so ``floor`` itself is never in it; ``delivered_mark`` >= every seq ever
+    handed to a consumer (it may run ahead of real deliveries: see ``partq.broker``), so after a
+    restart every unacked seq <= delivered_mark is marked redelivered.
+    """
+
+    floor: int = 0
+    above: set[int] | None = None
+    delivered_mark: int = -1
+
+    def encode(self) -> bytes:
+        return msgpack.packb((self.floor, sorted(self.above or ()), self.delivered_mark))
+
+    @classmethod
+    def decode(cls, raw: bytes | None, where: str) -> "AckState":
+        if raw is None:
+            return cls(above=set())
+        try:
+            floor, above, mark = msgpack.unpackb(raw)
+            return cls(int(floor), set(above), int(mark))
+        except Exception:
+            raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or backup") from None
+
+    def is_acked(self, seq: int) -> bool:
+        return seq < self.floor or seq in self.above
+
+    def add(self, seqs) -> int:
+        """Mark seqs acked; return the new floor (records below it may be truncated)."""
+        above = self.above
+        floor = self.floor
+        for s in seqs:
+            if s >= floor:
+                above.add(s)
+        while floor in above:
+            above.discard(floor)
+            floor += 1
+        self.floor = floor
+        return floor
+
+
+def encode_meta(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def decode_meta(raw: bytes, what: str):
+    try:
+        return msgpack.unpackb(raw, raw=False)
+    except Exception:
+        raise CorruptStore(f"{what} is damaged; restore from a DR-standby or backup") from None

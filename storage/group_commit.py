@@ -1,0 +1,130 @@
+"""Group commit: one writer thread turns every queued write of this process into shared commits.
+
+Callers queue an operation (a function of a ``Writer``) and wait on its future. The thread takes
+everything queued, runs it all in one write transaction, commits (with fsync in sync mode) and
+resolves every future, so N concurrent publishers pay for about one fsync, not N (S23).
+
+Failure handling, in order:
+* ``lmdb.MapFullError``: the transaction is aborted (nothing of it is visible), the map doubles
+  and the batch runs again; at ``max_map_size`` every operation fails with ``StorageFull``.
+* any other exception from a batch of several operations: the batch is aborted and each
+  operation runs again alone, so one bad operation fails only its own caller.
+"""
+from __future__ import annotations
+
+import errno
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+import lmdb
+
+from partq.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
+from partq.storage.encoding import pack_u64, unpack_u64
+from partq.storage.txn import Writer, encode_change
+
+MAX_OPS_PER_COMMIT = 8192
+
+
+class GroupCommitWriter:
+    def __init__(self, store) -> None:
+        self._store = store
+        self._pending: deque[tuple[Callable, Future]] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._listeners: list[Callable[[], None]] = []
+        self.commits = 0          # counters for stats and benchmarks
+        self.ops = 0
+        self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
+        self._thread.start()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` in the writer thread after every commit (must be quick, must not write)."""
+        self._listeners.append(fn)
+
+    def submit(self, op: Callable[[Writer], object]) -> Future:
+        fut: Future = Future()
+        with self._cond:
+            if self._stopping:
+                raise BrokerClosed(f"the store at {self._store.path} is closing; open it again")
+            self._pending.append((op, fut))
+            self._cond.notify()
+        return fut
+
+    def stop(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # ------------------------------------------------------------------ thread
+    def _run(self) -> None:
+        pending, cond = self._pending, self._cond
+        while True:
+            with cond:
+                while not pending and not self._stopping:
+                    cond.wait()
+                if not pending:
+                    return
+                n = min(len(pending), MAX_OPS_PER_COMMIT)
+                batch = [pending.popleft() for _ in range(n)]
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[Callable, Future]]) -> None:
+        try:
+            results = self._run_batch(batch)
+        except BaseException as exc:  # noqa: BLE001 - every failure reaches a caller's future
+            if len(batch) == 1:
+                batch[0][1].set_exception(_translate(exc, self._store.path))
+            else:
+                for item in batch:
+                    self._commit([item])
+            return
+        self.commits += 1
+        self.ops += len(batch)
+        for (_, fut), result in zip(batch, results):
+            fut.set_result(result)
+        for fn in self._listeners:
+            fn()
+
+    def _run_batch(self, batch) -> list:
+        store = self._store
+        gate = store._gate
+        meta = store.dbs["meta"]
+        changes_db = store.dbs["changes"]
+        while True:
+            gate.enter()
+            try:
+                txn = store._begin(write=True)
+                try:
+                    replicating = txn.get(b"slots", db=meta) is not None
+                    writer = Writer(store, txn, replicating)
+                    results = [op(writer) for op, _ in batch]
+                    if writer.changes:
+                        raw = txn.get(b"lsn", db=meta)
+                        lsn = 0 if raw is None else unpack_u64(raw)
+                        for change in writer.changes:
+                            lsn += 1
+                            txn.put(pack_u64(lsn), encode_change(lsn, change), db=changes_db)
+                        txn.put(b"lsn", pack_u64(lsn), db=meta)
+                    txn.commit()
+                    return results
+                except BaseException:
+                    txn.abort()
+                    raise
+            except lmdb.MapFullError:
+                pass
+            finally:
+                gate.leave()
+            store.grow_map()  # raises StorageFull at the limit; otherwise try again, bigger
+
+
+def _translate(exc: BaseException, path: str) -> BaseException:
+    if isinstance(exc, PartqError) or not isinstance(exc, lmdb.Error):
+        return exc
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+        return StorageFull(f"the disk holding {path} is full; free space, then publish again")
+    return CorruptStore(f"write to {path} failed: {exc}")

@@ -1,0 +1,303 @@
+"""The LMDB environment of one partq directory: open, format check, map growth, close.
+
+One ``Store`` per directory per process (LMDB forbids two environments on one path in a process);
+``Store.open`` hands out the shared instance and counts references. Every read runs in
+``Store.read()``; every write goes through the group-commit thread (``Store.write``/``submit``),
+which is the only code that opens write transactions. This file is the one place lmdb exceptions
+are caught and translated into ``partq.errors``.
+
+Thread-safety: all public methods are safe to call from any thread of the opening process, and
+from no other process: a Store used after ``fork()`` raises ``UsedAcrossFork``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+import lmdb
+
+from partq.errors import (CorruptStore, FormatVersionMismatch, InvalidConfig, NotAPartqStore,
+                          StorageFull, UsedAcrossFork)
+from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
+from partq.storage.txn import DB_NAMES, Reader, Writer
+
+T = TypeVar("T")
+
+DURABILITY_MODES = ("sync", "async")
+DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
+DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
+ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
+_LMDB_FILES = {"data.mdb", "lock.mdb", "delivery-locks"}
+
+_registry: dict[str, "Store"] = {}
+_registry_lock = threading.Lock()
+
+
+class _Gate:
+    """Shared/exclusive gate: every transaction holds it shared; a map resize holds it exclusive
+    (py-lmdb's set_mapsize requires that no transaction of this process is active)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+
+    def enter(self) -> None:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._exclusive = True
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class OpenReport:
+    """What opening did, for ``partq`` to print (STYLE point 6)."""
+
+    def __init__(self) -> None:
+        self.created = False
+        self.stale_readers_cleared = 0
+
+    def as_dict(self) -> dict:
+        return {"created": self.created, "stale_readers_cleared": self.stale_readers_cleared}
+
+
+class Store:
+    """One open partq directory. Use ``Store.open``; close with ``close()`` or ``with``."""
+
+    def __init__(self, path: str, durability: str, map_size: int, max_map_size: int) -> None:
+        self.path = path
+        self.durability = durability
+        self.max_map_size = max_map_size
+        self.report = OpenReport()
+        self._pid = os.getpid()
+        self._refs = 1
+        self._gate = _Gate()
+        self._closed = False
+        self.env = self._open_env(map_size)
+        self.dbs = self._open_dbs()
+        from partq.storage.group_commit import GroupCommitWriter
+        self._writer = GroupCommitWriter(self)
+        self._flusher = None
+        if durability == "async":
+            self._flusher = threading.Thread(target=self._flush_loop, name="partq-flush", daemon=True)
+            self._flusher.start()
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, durability: str = "sync", map_size: int = DEFAULT_MAP_SIZE,
+             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True) -> "Store":
+        """Open (and create if missing and ``create``) the store in directory ``path``.
+
+        ``durability="sync"`` (default): a write returns after LMDB committed it with fsync; all of
+        ACID holds across process and OS crashes. ``durability="async"``: commits are not fsynced
+        (a background thread flushes every 0.2 s); a *process* crash loses nothing, but an OS crash
+        or power loss may lose the writes of the last moments and, as LMDB documents for its
+        ``sync=False`` mode, may damage the file: it gives up D, and C against OS crashes.
+        """
+        if durability not in DURABILITY_MODES:
+            raise InvalidConfig(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if map_size <= 0 or max_map_size < map_size:
+            raise InvalidConfig("need 0 < map_size <= max_map_size")
+        real = os.path.realpath(os.fspath(path))
+        with _registry_lock:
+            store = _registry.get(real)
+            if store is not None and store._pid == os.getpid() and not store._closed:
+                if store.durability != durability:
+                    raise InvalidConfig(f"{real} is already open in this process with durability="
+                                        f"{store.durability!r}; open it with the same setting")
+                store._refs += 1
+                return store
+            _prepare_directory(real, create)
+            store = cls(real, durability, map_size, max_map_size)
+            _registry[real] = store
+            return store
+
+    def _open_env(self, map_size: int) -> lmdb.Environment:
+        try:
+            env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2, subdir=True,
+                            sync=self.durability == "sync", metasync=True, max_readers=1024,
+                            lock=True, create=True)
+        except lmdb.InvalidError:
+            raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
+                               f"partq's); restore it from a DR-standby or backup") from None
+        except lmdb.Error as exc:
+            raise CorruptStore(f"cannot open {self.path}: {exc}") from None
+        self.report.stale_readers_cleared = env.reader_check()
+        return env
+
+    def _open_dbs(self) -> dict[str, object]:
+        env = self.env
+        try:
+            with env.begin() as txn:
+                main_keys = [k for k, _ in txn.cursor()]
+        except lmdb.Error as exc:
+            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
+        if main_keys and b"meta" not in main_keys:
+            raise NotAPartqStore(f"{self.path} holds an LMDB environment that is not a partq store; "
+                                 f"pass a new or empty directory")
+        dbs: dict[str, object] = {}
+        try:
+            with self._write_txn() as txn:
+                for name in DB_NAMES:
+                    dbs[name] = env.open_db(name.encode(), txn=txn, create=True)
+                stamp = txn.get(b"format", db=dbs["meta"])
+                if stamp is None:
+                    txn.put(b"format", FORMAT_STAMP, db=dbs["meta"])
+                    self.report.created = True
+                elif stamp != FORMAT_STAMP:
+                    raise FormatVersionMismatch(
+                        f"{self.path} was written in on-disk format {stamp.decode(errors='replace')!r}; "
+                        f"this partq reads format {FORMAT_VERSION}: open it with the partq version "
+                        f"that wrote it, or export it with that version's `partq copy-out`")
+        except lmdb.Error as exc:
+            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
+        return dbs
+
+    @contextmanager
+    def _write_txn(self):
+        """A raw write transaction outside the group-commit thread (open-time use only)."""
+        self._gate.enter()
+        try:
+            with self.env.begin(write=True) as txn:
+                yield txn
+        finally:
+            self._gate.leave()
+
+    # ------------------------------------------------------------------ reading
+    @contextmanager
+    def read(self) -> Iterator[Reader]:
+        """A consistent read-only snapshot. Keep it short: the map cannot grow while it is open."""
+        self._check_usable()
+        self._gate.enter()
+        try:
+            txn = self._begin(write=False)
+            try:
+                yield Reader(self, txn)
+            finally:
+                txn.abort()
+        finally:
+            self._gate.leave()
+
+    def _begin(self, write: bool) -> lmdb.Transaction:
+        """Begin a transaction; adopt a map size grown by another process if LMDB asks. Caller
+        holds the gate shared."""
+        try:
+            return self.env.begin(write=write)
+        except lmdb.MapResizedError:
+            self._gate.leave()
+            try:
+                with self._gate.exclusive():
+                    self.env.set_mapsize(0)
+            finally:
+                self._gate.enter()
+            return self.env.begin(write=write)
+
+    # ------------------------------------------------------------------ writing
+    def submit(self, op: Callable[[Writer], T]) -> "Future[T]":
+        """Queue ``op`` for the next group commit; the future resolves after the commit."""
+        self._check_usable()
+        return self._writer.submit(op)
+
+    def write(self, op: Callable[[Writer], T]) -> T:
+        """Run ``op`` in a write transaction shared with concurrent writers; return after commit."""
+        return self.submit(op).result()
+
+    def grow_map(self) -> None:
+        """Double the map (called by the writer after MapFull). Raises StorageFull at the limit."""
+        current = self.env.info()["map_size"]
+        if current >= self.max_map_size:
+            raise StorageFull(f"{self.path} reached max_map_size={self.max_map_size} bytes; open the "
+                              f"broker with a larger max_map_size, or ack and drain messages")
+        with self._gate.exclusive():
+            self.env.set_mapsize(min(current * 2, self.max_map_size))
+
+    # ------------------------------------------------------------------ lifecycle
+    def _check_usable(self) -> None:
+        if self._pid != os.getpid():
+            raise UsedAcrossFork(f"this partq store ({self.path}) was opened in process {self._pid} "
+                                 f"and used in forked child {os.getpid()}; open it again in the child")
+        if self._closed:
+            from partq.errors import BrokerClosed
+            raise BrokerClosed(f"the store at {self.path} is closed; open it again")
+
+    def _flush_loop(self) -> None:
+        while not self._closed:
+            threading.Event().wait(ASYNC_FLUSH_INTERVAL)
+            if self._closed:
+                return
+            self._gate.enter()
+            try:
+                if not self._closed:
+                    self.env.sync(True)
+            except lmdb.Error:
+                pass
+            finally:
+                self._gate.leave()
+
+    def sync(self) -> None:
+        """Flush everything to disk now (meaningful in async mode)."""
+        self._check_usable()
+        self._gate.enter()
+        try:
+            self.env.sync(True)
+        finally:
+            self._gate.leave()
+
+    def close(self) -> None:
+        if self._pid != os.getpid():
+            return  # a forked child must not touch the parent's environment
+        with _registry_lock:
+            if self._closed:
+                return
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            self._writer.stop()
+            self._closed = True
+            if _registry.get(self.path) is self:
+                del _registry[self.path]
+        with self._gate.exclusive():
+            self.env.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _prepare_directory(path: str, create: bool) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotAPartqStore(f"{path} is a file, not a partq directory")
+    if not os.path.exists(path):
+        if not create:
+            raise NotAPartqStore(f"{path} does not exist; create it with `partq --data {path} init`")
+        os.makedirs(path, exist_ok=True)
+        return
+    entries = set(os.listdir(path))
+    if "data.mdb" not in entries and entries - _LMDB_FILES:
+        raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
+                             f"directory")

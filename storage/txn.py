@@ -1,0 +1,215 @@
+"""The typed storage interface: ``Reader`` (a read snapshot) and ``Writer`` (one group commit).
+
+Broker code sees these two classes only: queues, partition logs (append / records / ack /
+truncate), ack state and an opaque per-queue state blob. It never sees an lmdb flag or a page.
+
+Databases of the environment (all keys big-endian, see ``encoding``):
+
+=========  =============================  ===========================================
+db         key                            value
+=========  =============================  ===========================================
+meta       b"format", b"next_qid", ...    format stamp, counters, replication slots
+queues     queue name (utf-8)             msgpack config dict (includes ``qid``)
+heads      (qid, partition)               u64: next sequence to assign (never reused)
+acks       (qid, partition)               ``AckState``: floor, acked-above, delivered mark
+log        (qid, partition, seq)          crc32c-framed record
+state      qid                            broker-owned blob (assignments, hints, statuses)
+changes    lsn                            logical change, written while a standby is attached
+=========  =============================  ===========================================
+
+Every mutation goes through a ``Writer`` method, which also records the logical change for the
+replication change log (S27) when a standby slot exists. That is the single choke point.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import msgpack
+
+from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
+                                    partition_key, unpack_log_key, unpack_u64)
+
+DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes")
+_U32_MAX = 0xFFFFFFFF
+
+
+class Reader:
+    """Read-only view of a consistent snapshot. Valid only inside ``Store.read()``."""
+
+    __slots__ = ("_txn", "_dbs", "path")
+
+    def __init__(self, store, txn) -> None:
+        self._txn = txn
+        self._dbs = store.dbs
+        self.path = store.path
+
+    # queues ------------------------------------------------------------------
+    def queue(self, name: str) -> dict | None:
+        raw = self._txn.get(name.encode(), db=self._dbs["queues"])
+        return None if raw is None else decode_meta(raw, f"config of queue {name!r}")
+
+    def queues(self) -> dict[str, dict]:
+        return {k.decode(): decode_meta(v, f"config of queue {k.decode()!r}")
+                for k, v in self._txn.cursor(db=self._dbs["queues"])}
+
+    def state(self, qid: int) -> bytes | None:
+        return self._txn.get(pack_u64(qid), db=self._dbs["state"])
+
+    def meta(self, key: bytes) -> bytes | None:
+        return self._txn.get(key, db=self._dbs["meta"])
+
+    # partitions --------------------------------------------------------------
+    def head(self, qid: int, partition: int) -> int:
+        raw = self._txn.get(partition_key(qid, partition), db=self._dbs["heads"])
+        return 0 if raw is None else unpack_u64(raw)
+
+    def ack_state(self, qid: int, partition: int) -> AckState:
+        raw = self._txn.get(partition_key(qid, partition), db=self._dbs["acks"])
+        return AckState.decode(raw, f"queue id {qid} partition {partition}")
+
+    def records(self, qid: int, partition: int, start: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order."""
+        out: list[tuple[int, bytes]] = []
+        cur = self._txn.cursor(db=self._dbs["log"])
+        if not cur.set_range(log_key(qid, partition, start)):
+            return out
+        prefix = partition_key(qid, partition)
+        for k, v in cur:
+            if k[:8] != prefix:
+                break
+            out.append((unpack_log_key(k)[2], v))
+            if len(out) >= limit:
+                break
+        return out
+
+    def first_seq(self, qid: int, partition: int) -> int | None:
+        found = self.records(qid, partition, 0, 1)
+        return found[0][0] if found else None
+
+    def stored_count(self, qid: int, partition: int) -> int:
+        """Records physically present (O(records); for verify and tests, not hot paths)."""
+        cur = self._txn.cursor(db=self._dbs["log"])
+        n = 0
+        if cur.set_range(log_key(qid, partition, 0)):
+            prefix = partition_key(qid, partition)
+            for k in cur.iternext(values=False):
+                if k[:8] != prefix:
+                    break
+                n += 1
+        return n
+
+
+class Writer(Reader):
+    """The view one group commit gives each queued operation. Reads see earlier writes of the
+    same commit. Operations must validate before they write: an exception from an operation
+    aborts the whole commit, which is then retried one operation at a time."""
+
+    __slots__ = ("changes", "_replicating")
+
+    def __init__(self, store, txn, replicating: bool) -> None:
+        super().__init__(store, txn)
+        self._replicating = replicating
+        self.changes: list[tuple] = []
+
+    def _change(self, *change) -> None:
+        if self._replicating:
+            self.changes.append(change)
+
+    # queues ------------------------------------------------------------------
+    def allocate_qid(self) -> int:
+        meta = self._dbs["meta"]
+        raw = self._txn.get(b"next_qid", db=meta)
+        qid = 1 if raw is None else unpack_u64(raw)
+        if qid > _U32_MAX:
+            raise OverflowError("queue ids exhausted")
+        self._txn.put(b"next_qid", pack_u64(qid + 1), db=meta)
+        return qid
+
+    def put_queue(self, name: str, config: dict) -> None:
+        self._txn.put(name.encode(), encode_meta(config), db=self._dbs["queues"])
+        self._change("put_queue", name, config)
+
+    def delete_queue(self, name: str) -> None:
+        config = self.queue(name)
+        if config is None:
+            return
+        qid = config["qid"]
+        for p in range(config["partitions"]):
+            self.drop_partition(qid, p)
+            self._txn.delete(partition_key(qid, p), db=self._dbs["heads"])
+        self._txn.delete(pack_u64(qid), db=self._dbs["state"])
+        self._txn.delete(name.encode(), db=self._dbs["queues"])
+        self._change("delete_queue", name)
+
+    def put_state(self, qid: int, blob: bytes) -> None:
+        self._txn.put(pack_u64(qid), blob, db=self._dbs["state"])
+        self._change("put_state", qid, blob)
+
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        self._txn.put(key, value, db=self._dbs["meta"])
+
+    # partitions --------------------------------------------------------------
+    def append(self, qid: int, partition: int, records: list[bytes]) -> int:
+        """Append records to one partition's log; return the first sequence assigned."""
+        heads = self._dbs["heads"]
+        hkey = partition_key(qid, partition)
+        raw = self._txn.get(hkey, db=heads)
+        first = 0 if raw is None else unpack_u64(raw)
+        n = len(records)
+        if n == 1:
+            self._txn.put(log_key(qid, partition, first), records[0], db=self._dbs["log"])
+        else:
+            cur = self._txn.cursor(db=self._dbs["log"])
+            cur.putmulti([(log_key(qid, partition, first + i), rec) for i, rec in enumerate(records)])
+        self._txn.put(hkey, pack_u64(first + n), db=heads)
+        self._change("append", qid, partition, first, records)
+        return first
+
+    def ack(self, qid: int, partition: int, seqs: Iterable[int]) -> AckState:
+        """Record acks durably and truncate the acked prefix from the log (S26)."""
+        state = self.ack_state(qid, partition)
+        old_floor = state.floor
+        seqs = list(seqs)
+        new_floor = state.add(seqs)
+        if new_floor > old_floor:
+            self.truncate(qid, partition, new_floor)
+        self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
+        self._change("ack", qid, partition, seqs)
+        return state
+
+    def truncate(self, qid: int, partition: int, below: int) -> int:
+        """Delete every record of the partition with seq < below; return how many went."""
+        cur = self._txn.cursor(db=self._dbs["log"])
+        end = log_key(qid, partition, below)
+        n = 0
+        if cur.set_range(log_key(qid, partition, 0)):
+            while cur.key() and cur.key() < end:
+                cur.delete()
+                n += 1
+        return n
+
+    def set_delivered_mark(self, qid: int, partition: int, mark: int) -> None:
+        state = self.ack_state(qid, partition)
+        if mark > state.delivered_mark:
+            state.delivered_mark = mark
+            self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
+            self._change("delivered_mark", qid, partition, mark)
+
+    def init_partition(self, qid: int, partition: int) -> None:
+        """Start a (re)created partition: its ack floor begins at its head, so sequences of an
+        earlier incarnation are never reused or redelivered."""
+        head = self.head(qid, partition)
+        state = AckState(floor=head, above=set(), delivered_mark=head - 1)
+        self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
+        self._change("init_partition", qid, partition)
+
+    def drop_partition(self, qid: int, partition: int) -> int:
+        """Delete a partition's messages and ack state; keep its head so seqs are never reused."""
+        n = self.truncate(qid, partition, (1 << 64) - 1)
+        self._txn.delete(partition_key(qid, partition), db=self._dbs["acks"])
+        self._change("drop_partition", qid, partition)
+        return n
+
+
+def encode_change(lsn: int, change: tuple) -> bytes:
+    return msgpack.packb((lsn, change), use_bin_type=True)
