@@ -21,10 +21,11 @@ from concurrent.futures import Future
 from typing import Iterable
 
 from partq.clock import SystemClock
-from partq.config import QueueConfig
+from partq.config import MAX_PARTITIONS, USER_SETTABLE, QueueConfig
 from partq.delivery import QueueDelivery
 from partq.delivery_lock import DeliveryLock, queue_holder
-from partq.errors import (InvalidConfig, InvalidMessage, PartqError, QueueExists, QueueNotFound)
+from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
+                          QueueNotFound)
 from partq.flow import Flow
 from partq.hashing import key_partition
 from partq.message import PublishResult
@@ -38,6 +39,17 @@ log = logging.getLogger("partq.broker")
 
 TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
 POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
+
+
+def _refuse_ingress(w, config: QueueConfig, count: int, single: bool):
+    """Ingress is disabled (S19, seed 001): reject when reject-msg-to-sender applies while the
+    queue is shut down, otherwise discard and count (the seed's default: expect loss)."""
+    if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
+        raise IngressDisabled(f"queue {config.name!r} has ingress disabled; retry after "
+                              f"`partq queue update {config.name} --ingress on`")
+    w.put_queue(config.name, dataclasses.replace(config, discarded=config.discarded + count).to_dict())
+    dropped = PublishResult(-1, -1, discarded=True)
+    return dropped if single else [dropped] * count
 
 
 class Broker:
@@ -84,7 +96,15 @@ class Broker:
                            create=create)
         if auto_tick is None:
             auto_tick = isinstance(clock, SystemClock)
-        return cls(store, clock, random.Random(seed), auto_tick)
+        broker = cls(store, clock, random.Random(seed), auto_tick)
+        try:
+            for config in broker.queues():
+                if config.scaling_status != "Ready":
+                    broker._finish_scaling(config.name)
+        except BaseException:
+            broker.close()
+            raise
+        return broker
 
     @property
     def path(self) -> str:
@@ -98,10 +118,11 @@ class Broker:
     # ------------------------------------------------------------------ queues
     def create_queue(self, name: str, partitions: int = 1, **options) -> QueueConfig:
         """Create a queue; options are the fields of ``QueueConfig``."""
-        try:
-            config = QueueConfig(name=name, partitions=partitions, **options)
-        except TypeError as exc:
-            raise InvalidConfig(f"unknown queue option: {exc}") from None
+        refused = set(options) - USER_SETTABLE
+        if refused:
+            raise InvalidConfig(f"unknown queue option(s) {', '.join(sorted(refused))}; known: "
+                                f"{', '.join(sorted(USER_SETTABLE))}")
+        config = QueueConfig(name=name, partitions=partitions, **options)
 
         def op(w):
             if w.queue(name) is not None:
@@ -195,7 +216,7 @@ class Broker:
 
     def _config_in(self, w, queue: str) -> QueueConfig:
         """The queue's config as of this transaction (another process may have changed it)."""
-        raw = w._txn.get(queue.encode(), db=w._dbs["queues"])
+        raw = w.queue_raw(queue)
         if raw is None:
             raise QueueNotFound(f"no queue named {queue!r}")
         config = self._raw_configs.get(raw)
@@ -212,6 +233,8 @@ class Broker:
 
         def op(w):
             config = self._config_in(w, queue)
+            if not config.ingress_enabled:
+                return _refuse_ingress(w, config, len(items), single)
             n, qid = config.partitions, config.qid
             if single:
                 key, record = items[0]
@@ -229,6 +252,87 @@ class Broker:
             firsts = {p: w.append(qid, p, recs) for p, recs in buckets.items()}
             return [PublishResult(p, firsts[p] + i) for p, i in placed]
         return op
+
+    # ------------------------------------------------------------------ changing queues
+    def update_queue(self, name: str, **changes) -> QueueConfig:
+        """Change settings of a queue (delays, limits, partitioner, ingress/egress, discard
+        handling). The delivery owner, in this process or another, applies them within a tick."""
+        self.queue_config(name).updated(**changes)  # validate before writing
+
+        def op(w):
+            current = self._config_in(w, name)
+            new = current.updated(**changes)
+            w.put_queue(name, new.to_dict())
+            return new
+        new = self._store.write(op)
+        self._configs.pop(name, None)
+        self.tick()
+        return new
+
+    def scale(self, name: str, partitions: int, progress=None) -> QueueConfig:
+        """Change the partition count (S18), one step per commit so statuses are visible.
+
+        Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the
+        new count in the commit that ends the scaling, once every new partition exists.
+        Down: the count drops at once (publishes and delivery stop using the extra partitions;
+        ScalingDown), then the highest-numbered partitions are deleted first, with their
+        messages. Either way the delivery owner rebalances at once (no holddown). A scaling cut
+        short by a crash is finished by the next ``Broker.open``. ``progress(step: str)`` is
+        called after each step.
+        """
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not {partitions!r}")
+        config = self.queue_config(name)
+        if config.scaling_status != "Ready":
+            self._finish_scaling(name, progress)
+            config = self.queue_config(name)
+        old = config.partitions
+        if partitions == old:
+            return config
+
+        def start(w):
+            c = self._config_in(w, name)
+            if partitions > old:
+                c = dataclasses.replace(c, scaling_status="ScalingUp", scaling_from=old, scaling_to=partitions)
+            else:
+                c = dataclasses.replace(c, partitions=partitions, scaling_status="ScalingDown",
+                                        scaling_from=old, scaling_to=partitions)
+            w.put_queue(name, c.to_dict())
+        self._store.write(start)
+        if progress:
+            progress(f"{'ScalingUp' if partitions > old else 'ScalingDown'} {old} -> {partitions}")
+        return self._finish_scaling(name, progress)
+
+    def _finish_scaling(self, name: str, progress=None) -> QueueConfig:
+        config = self.queue_config(name)
+        qid, old, new = config.qid, config.scaling_from, config.scaling_to
+        if config.scaling_status == "ScalingUp":
+            for p in range(old, new):
+                self._store.write(lambda w, p=p: w.init_partition(qid, p))
+                if progress:
+                    progress(f"created partition {p}")
+            done = {"partitions": new}
+        elif config.scaling_status == "ScalingDown":
+            self.tick()  # a local delivery owner stops using the extra partitions first
+            for p in reversed(range(new, old)):
+                n = self._store.write(lambda w, p=p: w.drop_partition(qid, p))
+                if progress:
+                    progress(f"deleted partition {p} ({n} messages)")
+            done = {}
+        else:
+            return config
+
+        def finish(w):
+            c = dataclasses.replace(self._config_in(w, name), scaling_status="Ready",
+                                    scaling_from=0, scaling_to=0, **done)
+            w.put_queue(name, c.to_dict())
+            return c
+        final = self._store.write(finish)
+        self._configs.pop(name, None)
+        self.tick()
+        if progress:
+            progress(f"Ready with {final.partitions} partitions")
+        return final
 
     # ------------------------------------------------------------------ consume
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
@@ -309,6 +413,13 @@ class Broker:
     def _due_timer_ops(self) -> list:
         now = self.clock.now()
         ops: list = []
+        if self._deliveries:
+            with self._store.read() as r:
+                for qd in self._deliveries.values():
+                    raw = r.queue_raw(qd.name)
+                    if raw is not None and raw != qd.config_raw:
+                        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
+                        ops += qd.apply_config(config, raw, r, now)
         for qd in self._deliveries.values():
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
@@ -363,7 +474,7 @@ class Broker:
                      for f in sorted(core.flows.values(), key=lambda f: f.order)]
         return QueueStatus(
             name=queue, partition_count=config.partitions, rebalance_status=rebalance,
-            scaling_status="Ready", ingress_enabled=config.ingress_enabled,
+            scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
             egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
             partitions=parts, flows=flows, delivery_owner=queue_holder(self.path, config.qid))
 

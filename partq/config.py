@@ -32,7 +32,12 @@ class QueueConfig:
     egress_enabled: bool = True
     reject_msg_to_sender: bool = True
     reject_msg_to_sender_when_shutdown: bool = False
+    # Maintained by the broker, not set by users:
     qid: int = 0
+    scaling_status: str = "Ready"     # Ready | ScalingUp | ScalingDown (S18)
+    scaling_from: int = 0             # partition count before the scaling in progress
+    scaling_to: int = 0               # partition count the scaling in progress ends at
+    discarded: int = 0                # publishes discarded while ingress was disabled (S19)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -58,11 +63,18 @@ class QueueConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
-    def replace(self, **changes) -> "QueueConfig":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown or "name" in changes or "qid" in changes:
-            raise InvalidConfig(f"cannot change {sorted(unknown | ({'name', 'qid'} & set(changes)))}")
+    def updated(self, **changes) -> "QueueConfig":
+        """A copy with user-settable fields changed (the partition count changes by scaling)."""
+        refused = set(changes) - USER_SETTABLE
+        if refused:
+            hint = "; use scale to change the partition count" if "partitions" in refused else ""
+            raise InvalidConfig(f"cannot update {', '.join(sorted(refused))}{hint}; settable: "
+                                f"{', '.join(sorted(USER_SETTABLE))}")
         return dataclasses.replace(self, **changes)
+
+
+USER_SETTABLE = frozenset(f.name for f in dataclasses.fields(QueueConfig)) - {
+    "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to", "discarded"}
 
 
 def _check_int(field: str, value, low: int, high: int) -> None:

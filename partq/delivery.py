@@ -62,7 +62,23 @@ class QueueDelivery:
                                             config.rebalance_delay, config.max_handoff_time, now)
         self.parts = [_Partition(reader.ack_state(self.qid, p)) for p in range(config.partitions)]
         self.flows: dict[str, object] = {}   # flow id -> Flow
+        self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
+
+    def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
+        """The stored config changed (here or in another process): take the new settings, and
+        on a new partition count rebalance at once (S7, S18)."""
+        self.config, self.config_raw = config, raw
+        self.core.rebalance_delay = config.rebalance_delay
+        self.core.max_handoff_time = config.max_handoff_time
+        old_n, new_n = self.core.n, config.partitions
+        if new_n == old_n:
+            return self._state_ops()
+        for ps in self.parts[new_n:]:
+            self._forget_inflight(ps)
+        del self.parts[new_n:]
+        self.parts += [_Partition(reader.ack_state(self.qid, p)) for p in range(old_n, new_n)]
+        return self._run(self.core.partition_count_changed(new_n, now), now)
 
     # ------------------------------------------------------------------ core events
     def bind(self, flow, hint, now: float) -> list:

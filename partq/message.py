@@ -6,9 +6,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """Where a publish landed: the partition (S1/S2) and its sequence in that partition's log."""
+    """Where a publish landed: the partition (S1/S2) and its sequence in that partition's log.
+    A publish discarded because the queue's ingress is disabled (S19) has ``discarded=True`` and
+    partition and seq -1."""
     partition: int
     seq: int
+    discarded: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ class Reader:
         raw = self._txn.get(name.encode(), db=self._dbs["queues"])
         return None if raw is None else decode_meta(raw, f"config of queue {name!r}")
 
+    def queue_raw(self, name: str) -> bytes | None:
+        """The stored config bytes (compare them to notice a change without decoding)."""
+        return self._txn.get(name.encode(), db=self._dbs["queues"])
+
     def queues(self) -> dict[str, dict]:
         return {k.decode(): decode_meta(v, f"config of queue {k.decode()!r}")
                 for k, v in self._txn.cursor(db=self._dbs["queues"])}
