@@ -17,7 +17,6 @@ import os
 import random
 import threading
 import uuid
-from concurrent.futures import Future
 from typing import Iterable
 
 from partq.clock import SystemClock
@@ -32,7 +31,7 @@ from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, encode_record
-from partq.storage.encoding import decode_meta
+from partq.storage.encoding import decode_meta, pack_u64, unpack_u64
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 log = logging.getLogger("partq.broker")
@@ -170,9 +169,15 @@ class Broker:
         record = self._encode(config, payload, key, headers)
         return self._store.write(self._publish_op(queue, [(key, record)], single=True))
 
-    def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
+    def publish_many(self, queue: str, items: Iterable,
+                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
         """Publish a batch in one transaction: all of it is durable when this returns, or none of
-        it is stored. Items are ``payload``, ``(payload, key)`` or ``(payload, key, headers)``."""
+        it is stored. Items are ``payload``, ``(payload, key)`` or ``(payload, key, headers)``.
+
+        ``checkpoint=(name, position)`` makes a resumable copy idempotent: the position is stored
+        in the same transaction, and a batch whose position is not beyond the stored one is
+        skipped (returns ``[]``). Read it back with ``checkpoint(name)``.
+        """
         config = self._publish_config(queue)
         encoded = []
         encode = self._encode
@@ -183,9 +188,27 @@ class Broker:
                 encoded.append((key, encode(config, item[0], key, item[2] if n > 2 else None)))
             else:
                 encoded.append((None, encode(config, item, None, None)))
-        if not encoded:
+        if not encoded and checkpoint is None:
             return []
-        return self._store.write(self._publish_op(queue, encoded, single=False))
+        publish = self._publish_op(queue, encoded, single=False)
+        if checkpoint is None:
+            return self._store.write(publish)
+        name, position = checkpoint
+        key = b"checkpoint/" + name.encode()
+
+        def op(w):
+            stored = w.meta(key)
+            if stored is not None and unpack_u64(stored) >= position:
+                return []
+            w.put_meta(key, pack_u64(position))
+            return publish(w) if encoded else []
+        return self._store.write(op)
+
+    def checkpoint(self, name: str) -> int | None:
+        """The last position stored by ``publish_many(..., checkpoint=(name, position))``."""
+        with self._store.read() as r:
+            raw = r.meta(b"checkpoint/" + name.encode())
+        return None if raw is None else unpack_u64(raw)
 
     def _publish_config(self, queue: str) -> QueueConfig:
         config = self._configs.get(queue)
@@ -378,7 +401,7 @@ class Broker:
         self._deliveries[queue] = qd
         return qd
 
-    def _submit(self, ops: list) -> Future | None:
+    def _submit(self, ops: list):
         """Queue ``ops`` as one write (call under the lock to keep their order)."""
         if not ops:
             return None
@@ -386,7 +409,7 @@ class Broker:
             return self._store.submit(ops[0])
         return self._store.submit(lambda w: [op(w) for op in ops])
 
-    def _wait(self, fut: Future | None) -> None:
+    def _wait(self, fut) -> None:
         """Wait for a commit (never under the lock); wake receivers whose state changed."""
         if fut is not None:
             fut.result()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
@@ -216,8 +215,9 @@ class Store:
             return self.env.begin(write=write)
 
     # ------------------------------------------------------------------ writing
-    def submit(self, op: Callable[[Writer], T]) -> "Future[T]":
-        """Queue ``op`` for the next group commit; the future resolves after the commit."""
+    def submit(self, op: Callable[[Writer], T]):
+        """Queue ``op`` for the next group commit; returns a ``Pending`` whose ``result()``
+        waits for the commit."""
         self._check_usable()
         return self._writer.submit(op)
 
