@@ -15,6 +15,7 @@ acks       (qid, partition)               ``AckState``: floor, acked-above, deli
 log        (qid, partition, seq)          crc32c-framed record
 state      qid                            broker-owned blob (assignments, hints, statuses)
 changes    lsn                            logical change, written while a standby is attached
+staging    prefix || u64 index            rows staged for a later atomic publish (Spark)
 =========  =============================  ===========================================
 
 Every mutation goes through a ``Writer`` method, which also records the logical change for the
@@ -29,7 +30,7 @@ import msgpack
 from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
                                     partition_key, unpack_log_key, unpack_u64)
 
-DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes")
+DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 _U32_MAX = 0xFFFFFFFF
 
 
@@ -85,6 +86,24 @@ class Reader:
             if len(out) >= limit:
                 break
         return out
+
+    def staged(self, prefix: bytes) -> list[bytes]:
+        """Every value staged under ``prefix``, in staging order."""
+        cur = self._txn.cursor(db=self._dbs["staging"])
+        out: list[bytes] = []
+        if cur.set_range(prefix):
+            for k, v in cur:
+                if not k.startswith(prefix):
+                    break
+                out.append(v)
+        return out
+
+    def staged_prefixes(self, width: int) -> dict[bytes, int]:
+        """Rows staged per distinct key prefix of ``width`` bytes (to find orphaned stages)."""
+        counts: dict[bytes, int] = {}
+        for k in self._txn.cursor(db=self._dbs["staging"]).iternext(values=False):
+            counts[k[:width]] = counts.get(k[:width], 0) + 1
+        return counts
 
     def first_seq(self, qid: int, partition: int) -> int | None:
         found = self.records(qid, partition, 0, 1)
@@ -148,6 +167,22 @@ class Writer(Reader):
     def put_state(self, qid: int, blob: bytes) -> None:
         self._txn.put(pack_u64(qid), blob, db=self._dbs["state"])
         self._change("put_state", qid, blob)
+
+    def stage(self, prefix: bytes, start: int, rows: list[bytes]) -> None:
+        """Stage rows under ``prefix`` with indexes start, start+1, ... (not replicated: staged
+        rows become messages, and replicated, only when published)."""
+        cur = self._txn.cursor(db=self._dbs["staging"])
+        cur.putmulti([(prefix + pack_u64(start + i), row) for i, row in enumerate(rows)])
+
+    def drop_staged(self, prefix: bytes) -> int:
+        """Delete every row staged under ``prefix``; return how many."""
+        cur = self._txn.cursor(db=self._dbs["staging"])
+        n = 0
+        if cur.set_range(prefix):
+            while cur.key() and cur.key().startswith(prefix):
+                cur.delete()
+                n += 1
+        return n
 
     def put_meta(self, key: bytes, value: bytes) -> None:
         self._txn.put(key, value, db=self._dbs["meta"])
