@@ -24,7 +24,7 @@ from partq.config import MAX_PARTITIONS, USER_SETTABLE, QueueConfig
 from partq.delivery import QueueDelivery
 from partq.delivery_lock import DeliveryLock, queue_holder
 from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
-                          QueueNotFound)
+                          QueueNotFound, StandbyReadOnly)
 from partq.flow import Flow
 from partq.hashing import key_partition
 from partq.message import PublishResult
@@ -60,6 +60,9 @@ class Broker:
 
     def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
         self._store = store
+        self._replication = None     # ReplicationServer on a primary that listens
+        self._follower = None        # StandbyFollower on a standby that follows
+        self._standby = False        # True while this directory is a DR-standby
         self.clock = clock
         self._rng = rng
         self._lock = threading.RLock()
@@ -81,7 +84,9 @@ class Broker:
     def open(cls, path: str | os.PathLike, *, durability: str = "sync", clock=None,
              seed: int | None = None, map_size: int = DEFAULT_MAP_SIZE,
              max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True,
-             auto_tick: bool | None = None) -> "Broker":
+             auto_tick: bool | None = None, replication_listen: str | None = None,
+             replication_mode: str = "async", sync_timeout: float = 10.0,
+             standby_of: str | None = None) -> "Broker":
         """Open the partq directory ``path`` (created if missing unless ``create=False``).
 
         ``durability``: "sync" (default; publish and ack return after an fsynced commit) or
@@ -89,7 +94,17 @@ class Broker:
         ``SystemClock()`` by default. ``seed``: seeds the random unkeyed partitioner.
         ``map_size``/``max_map_size``: initial and largest LMDB map; the map doubles on demand
         up to the largest, past which writes fail with ``StorageFull``.
+
+        Replication (S27): ``replication_listen="HOST:PORT"`` serves DR-standbys in
+        ``replication_mode`` "async" (default) or "sync" (publish returns once a standby has the
+        commit durably, or raises ``ReplicationTimeout`` after ``sync_timeout`` s).
+        ``standby_of="HOST:PORT"`` opens this directory as a DR-standby that follows that primary;
+        a standby refuses publishes and binds until ``promote()``. A directory that was a standby
+        stays one (read-only) when reopened without ``standby_of``, until promoted.
         """
+        if replication_listen and standby_of:
+            raise InvalidConfig("a broker is either a primary (replication_listen) or a standby "
+                                "(standby_of), not both")
         clock = clock or SystemClock()
         store = Store.open(path, durability=durability, map_size=map_size, max_map_size=max_map_size,
                            create=create)
@@ -97,13 +112,79 @@ class Broker:
             auto_tick = isinstance(clock, SystemClock)
         broker = cls(store, clock, random.Random(seed), auto_tick)
         try:
-            for config in broker.queues():
-                if config.scaling_status != "Ready":
-                    broker._finish_scaling(config.name)
+            with store.read() as r:
+                broker._standby = r.meta(b"role") == b"standby"
+            if standby_of:
+                from partq.replication import StandbyFollower
+                if not broker._standby:
+                    if broker.queues():
+                        raise InvalidConfig(f"{broker.path} already holds queues; a DR-standby must "
+                                            f"start from a new directory")
+                    store.write(lambda w: w.put_local_meta(b"role", b"standby"))
+                    broker._standby = True
+                broker._follower = StandbyFollower(broker, standby_of)
+            elif not broker._standby:
+                for config in broker.queues():
+                    if config.scaling_status != "Ready":
+                        broker._finish_scaling(config.name)
+                if replication_listen:
+                    from partq.replication import ReplicationServer
+                    broker._replication = ReplicationServer(broker, replication_listen,
+                                                            replication_mode, sync_timeout)
         except BaseException:
             broker.close()
             raise
         return broker
+
+    # ------------------------------------------------------------------ replication
+    def _check_writable(self) -> None:
+        if self._standby:
+            raise StandbyReadOnly(f"{self.path} is a DR-standby: it refuses publishes, binds and "
+                                  f"queue changes until promoted (`partq dr promote`)")
+
+    def replication_status(self):
+        """Role, link state and lag (in messages and seconds) of DR replication."""
+        from partq.replication import ReplicationStatus
+        if self._follower is not None:
+            return self._follower.status()
+        if self._replication is not None:
+            return self._replication.status()
+        with self._store.read() as r:
+            slots = r.meta(b"slots")
+        role = "standby" if self._standby else "primary"
+        return ReplicationStatus(role=role, mode=None, connected=False, head_lsn=0, applied_lsn=0,
+                                 lag_messages=0, lag_seconds=0.0,
+                                 primary="detached" if slots else None)
+
+    def promote(self) -> None:
+        """Make this DR-standby a primary: stop following, accept publishes and binds. Consumers
+        that rebind with their names or hints within the rebalance delay keep their partitions."""
+        if not self._standby:
+            raise InvalidConfig(f"{self.path} is not a DR-standby; nothing to promote")
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
+        self._store.write(lambda w: w.delete_local_meta(b"role"))
+        self._standby = False
+
+    def _replace_store(self, data_file: str, lsn: int) -> None:
+        """Standby: swap in a snapshot received from the primary (already fsynced)."""
+        with self._lock:
+            with self._store.read() as r:
+                standby_id = r.meta(b"standby_id")
+            options = dict(durability=self._store.durability, max_map_size=self._store.max_map_size)
+            self._store.close()
+            os.replace(data_file, os.path.join(self.path, "data.mdb"))
+            self._store = Store.open(self.path, **options)
+            self._store._writer.add_listener(self._wake_receivers)
+
+            def op(w):
+                w.delete_local_meta(b"slots")
+                w.put_local_meta(b"role", b"standby")
+                w.put_local_meta(b"applied_lsn", pack_u64(lsn))
+                if standby_id is not None:
+                    w.put_local_meta(b"standby_id", standby_id)
+            self._store.write(op)
 
     @property
     def path(self) -> str:
@@ -117,6 +198,7 @@ class Broker:
     # ------------------------------------------------------------------ queues
     def create_queue(self, name: str, partitions: int = 1, **options) -> QueueConfig:
         """Create a queue; options are the fields of ``QueueConfig``."""
+        self._check_writable()
         refused = set(options) - USER_SETTABLE
         if refused:
             raise InvalidConfig(f"unknown queue option(s) {', '.join(sorted(refused))}; known: "
@@ -147,6 +229,7 @@ class Broker:
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue and its messages. Refused while another process runs its delivery."""
+        self._check_writable()
         config = self.queue_config(name)
         with self._lock:
             qd = self._deliveries.pop(name, None)
@@ -165,6 +248,7 @@ class Broker:
                 headers: dict | None = None) -> PublishResult:
         """Publish one message; return once it is durable (S23). Concurrent publishers in this
         process share commits. A keyed message goes to ``crc32c(key) % partitions`` (S1)."""
+        self._check_writable()
         config = self._publish_config(queue)
         record = self._encode(config, payload, key, headers)
         return self._store.write(self._publish_op(queue, [(key, record)], single=True))
@@ -178,6 +262,7 @@ class Broker:
         in the same transaction, and a batch whose position is not beyond the stored one is
         skipped (returns ``[]``). Read it back with ``checkpoint(name)``.
         """
+        self._check_writable()
         config = self._publish_config(queue)
         encoded = []
         encode = self._encode
@@ -280,6 +365,7 @@ class Broker:
     def update_queue(self, name: str, **changes) -> QueueConfig:
         """Change settings of a queue (delays, limits, partitioner, ingress/egress, discard
         handling). The delivery owner, in this process or another, applies them within a tick."""
+        self._check_writable()
         self.queue_config(name).updated(**changes)  # validate before writing
 
         def op(w):
@@ -303,6 +389,7 @@ class Broker:
         short by a crash is finished by the next ``Broker.open``. ``progress(step: str)`` is
         called after each step.
         """
+        self._check_writable()
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not {partitions!r}")
         config = self.queue_config(name)
@@ -368,6 +455,7 @@ class Broker:
         ``skip_corrupt``: deliver past records that fail their checksum (logged) instead of
         stopping delivery of that partition.
         """
+        self._check_writable()
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"flow name must be a str, not {type(name).__name__}")
         if hint is not None:
@@ -508,6 +596,10 @@ class Broker:
         if self._closed:
             return
         self._closed = True
+        if self._follower is not None:
+            self._follower.close()
+        if self._replication is not None:
+            self._replication.close()
         if self._ticker is not None:
             self._ticker_stop.set()
             if threading.current_thread() is not self._ticker:

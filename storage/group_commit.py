@@ -21,8 +21,7 @@ from typing import Callable
 import lmdb
 
 from partq.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
-from partq.storage.encoding import pack_u64, unpack_u64
-from partq.storage.txn import Writer, encode_change
+from partq.storage.txn import Writer
 
 MAX_OPS_PER_COMMIT = 8192
 
@@ -62,6 +61,9 @@ class GroupCommitWriter:
         self._listeners: list[Callable[[], None]] = []
         self.commits = 0          # counters for stats and benchmarks
         self.ops = 0
+        self.last_lsn = 0         # LSN of the newest commit that wrote the change log
+        self.sync_gate = None     # set by a sync-mode replication server: holds callers
+                                  # until the standby has their commit (S27)
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
 
@@ -109,14 +111,24 @@ class GroupCommitWriter:
                 for item in batch:
                     self._commit([item])
             return
+        results, lsn = results
         self.commits += 1
         self.ops += len(batch)
-        for pending, result in zip(batch, results):
-            pending._resolve(result)
+        gate = self.sync_gate
+        if lsn and gate is not None:
+            self.last_lsn = lsn
+            gate.hold(lsn, batch, results)
+        else:
+            if lsn:
+                self.last_lsn = lsn
+            for pending, result in zip(batch, results):
+                pending._resolve(result)
         for fn in self._listeners:
             fn()
 
-    def _run_batch(self, batch) -> list:
+    def _run_batch(self, batch) -> tuple[list, int]:
+        """Run the batch in one transaction; return the results and the commit's LSN (0 when
+        no standby slot exists, so nothing went to the change log)."""
         store = self._store
         gate = store._gate
         meta = store.dbs["meta"]
@@ -129,15 +141,9 @@ class GroupCommitWriter:
                     replicating = txn.get(b"slots", db=meta) is not None
                     writer = Writer(store, txn, replicating)
                     results = [pending.op(writer) for pending in batch]
-                    if writer.changes:
-                        raw = txn.get(b"lsn", db=meta)
-                        lsn = 0 if raw is None else unpack_u64(raw)
-                        for change in writer.changes:
-                            lsn += 1
-                            txn.put(pack_u64(lsn), encode_change(lsn, change), db=changes_db)
-                        txn.put(b"lsn", pack_u64(lsn), db=meta)
+                    lsn = writer.finish(changes_db) if writer.changes or writer.appended else 0
                     txn.commit()
-                    return results
+                    return results, lsn
                 except BaseException:
                     txn.abort()
                     raise

@@ -23,6 +23,7 @@ replication change log (S27) when a standby slot exists. That is the single chok
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import msgpack
@@ -127,16 +128,37 @@ class Writer(Reader):
     same commit. Operations must validate before they write: an exception from an operation
     aborts the whole commit, which is then retried one operation at a time."""
 
-    __slots__ = ("changes", "_replicating")
+    __slots__ = ("changes", "appended", "_replicating")
 
     def __init__(self, store, txn, replicating: bool) -> None:
         super().__init__(store, txn)
         self._replicating = replicating
         self.changes: list[tuple] = []
+        self.appended = 0
 
     def _change(self, *change) -> None:
         if self._replicating:
             self.changes.append(change)
+
+    def finish(self, changes_db) -> int:
+        """End of the commit: count appended messages in ``msgs_total`` (the basis of lag in
+        messages) and, when a standby slot exists, write this commit's changes as one change-log
+        entry under the next LSN. Returns that LSN, or 0 when nothing went to the change log."""
+        meta = self._dbs["meta"]
+        if self.appended:
+            raw = self._txn.get(b"msgs_total", db=meta)
+            total = (0 if raw is None else unpack_u64(raw)) + self.appended
+            self._txn.put(b"msgs_total", pack_u64(total), db=meta)
+        if not self.changes:
+            return 0
+        raw = self._txn.get(b"msgs_total", db=meta)
+        total = 0 if raw is None else unpack_u64(raw)
+        raw = self._txn.get(b"lsn", db=meta)
+        lsn = (0 if raw is None else unpack_u64(raw)) + 1
+        self._txn.put(pack_u64(lsn), encode_change(lsn, time.time_ns(), total, self.changes),
+                      db=changes_db)
+        self._txn.put(b"lsn", pack_u64(lsn), db=meta)
+        return lsn
 
     # queues ------------------------------------------------------------------
     def allocate_qid(self) -> int:
@@ -145,7 +167,7 @@ class Writer(Reader):
         qid = 1 if raw is None else unpack_u64(raw)
         if qid > _U32_MAX:
             raise OverflowError("queue ids exhausted")
-        self._txn.put(b"next_qid", pack_u64(qid + 1), db=meta)
+        self.put_meta(b"next_qid", pack_u64(qid + 1))
         return qid
 
     def put_queue(self, name: str, config: dict) -> None:
@@ -186,6 +208,14 @@ class Writer(Reader):
 
     def put_meta(self, key: bytes, value: bytes) -> None:
         self._txn.put(key, value, db=self._dbs["meta"])
+        self._change("meta", key, value)
+
+    def put_local_meta(self, key: bytes, value: bytes) -> None:
+        """A meta key that is not replicated (replication bookkeeping itself)."""
+        self._txn.put(key, value, db=self._dbs["meta"])
+
+    def delete_local_meta(self, key: bytes) -> None:
+        self._txn.delete(key, db=self._dbs["meta"])
 
     # partitions --------------------------------------------------------------
     def append(self, qid: int, partition: int, records: list[bytes]) -> int:
@@ -201,6 +231,7 @@ class Writer(Reader):
             cur = self._txn.cursor(db=self._dbs["log"])
             cur.putmulti([(log_key(qid, partition, first + i), rec) for i, rec in enumerate(records)])
         self._txn.put(hkey, pack_u64(first + n), db=heads)
+        self.appended += n
         self._change("append", qid, partition, first, records)
         return first
 
@@ -250,5 +281,11 @@ class Writer(Reader):
         return n
 
 
-def encode_change(lsn: int, change: tuple) -> bytes:
-    return msgpack.packb((lsn, change), use_bin_type=True)
+def encode_change(lsn: int, time_ns: int, msgs_total: int, changes: list[tuple]) -> bytes:
+    """One change-log entry: every logical change of one commit, applied together on a standby."""
+    return msgpack.packb((lsn, time_ns, msgs_total, changes), use_bin_type=True)
+
+
+def decode_change(raw: bytes) -> tuple[int, int, int, list]:
+    lsn, time_ns, msgs_total, changes = msgpack.unpackb(raw, raw=False, use_list=True)
+    return lsn, time_ns, msgs_total, changes
