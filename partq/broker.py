@@ -549,7 +549,8 @@ class Broker:
     # ------------------------------------------------------------------ status
     def queue_status(self, queue: str) -> QueueStatus:
         """Statuses, flows and depths of ``queue``. From a process that does not run its
-        delivery, assignments and statuses are those the owner last persisted."""
+        delivery, assignments and statuses are those the owner last persisted; when no process
+        runs it, the flows of the last owner are shown unbound and their partitions Unbound."""
         with self._lock:
             qd = self._deliveries.get(queue)
             with self._store.read() as r:
@@ -557,6 +558,7 @@ class Broker:
                 if raw is None:
                     raise QueueNotFound(f"no queue named {queue!r}")
                 config = QueueConfig.from_dict(raw)
+                owner_text = queue_holder(self.path, config.qid)
                 if qd is not None:
                     core, statuses, rebalance = qd.core, None, qd.core.status
                 else:
@@ -564,8 +566,9 @@ class Broker:
                     state = decode_meta(blob, f"state of {queue!r}") if blob else None
                     core = (Rebalancer.restored(state["core"], 0, 0, 0) if state
                             else Rebalancer(config.partitions, 0, 0))
-                    statuses = state["partition_status"] if state else None
-                    rebalance = state["rebalance_status"] if state else "Ready"
+                    live = state is not None and owner_text is not None
+                    statuses = state["partition_status"] if live else None
+                    rebalance = state["rebalance_status"] if live else "Ready"
                 parts = []
                 for p in range(config.partitions):
                     ack = r.ack_state(config.qid, p)
@@ -587,7 +590,7 @@ class Broker:
             name=queue, partition_count=config.partitions, rebalance_status=rebalance,
             scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
             egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
-            partitions=parts, flows=flows, delivery_owner=queue_holder(self.path, config.qid))
+            partitions=parts, flows=flows, delivery_owner=owner_text)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
