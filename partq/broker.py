@@ -30,7 +30,7 @@ from partq.hashing import key_partition
 from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.storage import Store, encode_record
+from partq.storage import Store, crashpoints, encode_record
 from partq.storage.encoding import decode_meta, pack_u64, unpack_u64
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
@@ -357,7 +357,11 @@ class Broker:
                     bucket = buckets[p] = []
                 placed.append((p, len(bucket)))
                 bucket.append(record)
-            firsts = {p: w.append(qid, p, recs) for p, recs in buckets.items()}
+            firsts = {}
+            for p, recs in buckets.items():
+                firsts[p] = w.append(qid, p, recs)
+                if crashpoints.ENABLED and len(firsts) == 1 and len(buckets) > 1:
+                    crashpoints.hit("mid_batch")
             return [PublishResult(p, firsts[p] + i) for p, i in placed]
         return op
 
@@ -419,6 +423,8 @@ class Broker:
         if config.scaling_status == "ScalingUp":
             for p in range(old, new):
                 self._store.write(lambda w, p=p: w.init_partition(qid, p))
+                if crashpoints.ENABLED:
+                    crashpoints.hit("during_scaling")
                 if progress:
                     progress(f"created partition {p}")
             done = {"partitions": new}
@@ -426,6 +432,8 @@ class Broker:
             self.tick()  # a local delivery owner stops using the extra partitions first
             for p in reversed(range(new, old)):
                 n = self._store.write(lambda w, p=p: w.drop_partition(qid, p))
+                if crashpoints.ENABLED:
+                    crashpoints.hit("during_scaling")
                 if progress:
                     progress(f"deleted partition {p} ({n} messages)")
             done = {}

@@ -26,7 +26,7 @@ from partq.config import QueueConfig
 from partq.errors import CorruptRecord, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import (Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume)
-from partq.storage import decode_record
+from partq.storage import crashpoints, decode_record
 
 log = logging.getLogger("partq.delivery")
 
@@ -131,6 +131,8 @@ class QueueDelivery:
         ps.inflight.clear()
 
     def _redeliver(self, p: int) -> None:
+        if crashpoints.ENABLED:
+            crashpoints.hit("during_handoff")
         ps = self.parts[p]
         self._forget_inflight(ps)
         ps.redeliver_upto = max(ps.redeliver_upto, ps.high)

@@ -10,6 +10,7 @@ from collections import deque
 from typing import Callable, Iterable, Iterator
 
 from partq.message import FlowChangeUpdate, Message
+from partq.storage import crashpoints
 
 
 class Flow:
@@ -128,6 +129,8 @@ class Flow:
         broker = self._broker
         with broker._lock:
             fut = broker._submit(self._qd.ack(self, msgs, broker.clock.now()))
+        if crashpoints.ENABLED:
+            crashpoints.hit("at_ack")
         broker._wait(fut)
 
     def nack(self, msg: Message) -> None:

@@ -21,6 +21,7 @@ from typing import Callable
 import lmdb
 
 from partq.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
+from partq.storage import crashpoints
 from partq.storage.txn import Writer
 
 MAX_OPS_PER_COMMIT = 8192
@@ -112,6 +113,8 @@ class GroupCommitWriter:
                     self._commit([item])
             return
         results, lsn = results
+        if crashpoints.ENABLED:
+            crashpoints.hit("after_commit_before_return")
         self.commits += 1
         self.ops += len(batch)
         gate = self.sync_gate
@@ -142,6 +145,8 @@ class GroupCommitWriter:
                     writer = Writer(store, txn, replicating)
                     results = [pending.op(writer) for pending in batch]
                     lsn = writer.finish(changes_db) if writer.changes or writer.appended else 0
+                    if crashpoints.ENABLED:
+                        crashpoints.hit("before_commit")
                     txn.commit()
                     return results, lsn
                 except BaseException:

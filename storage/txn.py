@@ -28,6 +28,7 @@ from typing import Iterable
 
 import msgpack
 
+from partq.storage import crashpoints
 from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
                                     partition_key, unpack_log_key, unpack_u64)
 
@@ -256,6 +257,8 @@ class Writer(Reader):
             while cur.key() and cur.key() < end:
                 cur.delete()
                 n += 1
+                if n == 1 and crashpoints.ENABLED:
+                    crashpoints.hit("during_truncation")
         return n
 
     def set_delivered_mark(self, qid: int, partition: int, mark: int) -> None:

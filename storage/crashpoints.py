@@ -1,0 +1,42 @@
+"""Deterministic crash points, SQLite-style, for crash-recovery tests.
+
+``PARTQ_CRASH_AT=name:N`` (several separated by commas) makes the process SIGKILL itself the
+N-th time it passes the named point. Unset (always, outside tests), ``hit`` is never called:
+callers test the module-level ``ENABLED`` flag first, so the cost is one attribute read.
+
+Points: before_commit, after_commit_before_return, mid_batch, at_ack, during_truncation,
+during_scaling, during_handoff.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+POINTS = ("before_commit", "after_commit_before_return", "mid_batch", "at_ack",
+          "during_truncation", "during_scaling", "during_handoff")
+
+
+def _parse(spec: str) -> dict[str, int]:
+    targets: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, n = part.partition(":")
+        if name not in POINTS or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"PARTQ_CRASH_AT entry {part!r} must be NAME:N with N >= 1 and NAME one "
+                             f"of {', '.join(POINTS)}")
+        targets[name] = int(n)
+    return targets
+
+
+_targets = _parse(os.environ.get("PARTQ_CRASH_AT", ""))
+_passes: dict[str, int] = {}
+_lock = threading.Lock()
+ENABLED = bool(_targets)
+
+
+def hit(name: str) -> None:
+    """Count a pass of point ``name``; die by SIGKILL on the configured pass."""
+    with _lock:
+        n = _passes[name] = _passes.get(name, 0) + 1
+    if _targets.get(name) == n:
+        os.kill(os.getpid(), signal.SIGKILL)
