@@ -27,6 +27,8 @@ from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqE
                           QueueNotFound, StandbyReadOnly)
 from partq.flow import Flow
 from partq.hashing import key_partition
+from partq.load import LoadSampler
+from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
@@ -38,6 +40,11 @@ log = logging.getLogger("partq.broker")
 
 TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
 POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
+
+
+def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
+    return (a.partitioner, a.sticky_batch_size, a.adaptive, a.partition_availability_timeout) == \
+        (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
 
 
 def _refuse_ingress(w, config: QueueConfig, count: int, single: bool):
@@ -70,6 +77,7 @@ class Broker:
         self._delivery_locks: dict[str, DeliveryLock] = {}
         self._configs: dict[str, QueueConfig] = {}      # publish-side cache (validation only)
         self._raw_configs: dict[bytes, QueueConfig] = {}
+        self._partitioners: dict[int, tuple[QueueConfig, object, LoadSampler]] = {}
         self._data_cond = threading.Condition()
         self._data_gen = 0
         self._closed = False
@@ -334,24 +342,51 @@ class Broker:
             config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
         return config
 
+    def _unkeyed_chooser(self, w, config: QueueConfig):
+        """``choose(size) -> partition`` for this transaction's unkeyed messages: the queue's
+        partitioner (rebuilt when its settings change) fed with sampled backlog (S2, S20-S22).
+        Runs in the group-commit thread only."""
+        entry = self._partitioners.get(config.qid)
+        if entry is None or not _same_partitioner(entry[0], config):
+            entry = (config, make_partitioner(config, self._rng), LoadSampler())
+            self._partitioners[config.qid] = entry
+        _, part, sampler = entry
+        n, qid = config.partitions, config.qid
+        if config.partitioner == "random":
+            return lambda size: part.partition(n, size, None, 0.0)
+        now = self.clock.now()
+        load = sampler.load(w, qid, n, now) if config.adaptive else None
+
+        def choose(size: int) -> int:
+            p = part.partition(n, size, load, now)
+            if load is not None:
+                sampler.note_appended(p, 1)
+            return p
+        return choose
+
     def _publish_op(self, queue: str, items: list[tuple[str | None, bytes]], single: bool):
         """The write that places records: partitions are chosen inside the transaction, from the
         partition count it sees, so a concurrent scale from another process cannot misplace."""
-        rng = self._rng
 
         def op(w):
             config = self._config_in(w, queue)
             if not config.ingress_enabled:
                 return _refuse_ingress(w, config, len(items), single)
             n, qid = config.partitions, config.qid
+            choose = None
             if single:
                 key, record = items[0]
-                p = key_partition(key, n) if key is not None else rng.randrange(n)
+                p = key_partition(key, n) if key is not None else self._unkeyed_chooser(w, config)(len(record))
                 return PublishResult(p, w.append(qid, p, [record]))
             buckets: dict[int, list[bytes]] = {}
             placed = []
             for key, record in items:
-                p = key_partition(key, n) if key is not None else rng.randrange(n)
+                if key is not None:
+                    p = key_partition(key, n)
+                else:
+                    if choose is None:
+                        choose = self._unkeyed_chooser(w, config)
+                    p = choose(len(record))
                 bucket = buckets.get(p)
                 if bucket is None:
                     bucket = buckets[p] = []
