@@ -321,14 +321,16 @@ class Broker:
         if key is not None:
             if not isinstance(key, str):
                 raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
-            if len(key) > config.max_key_size or len(key.encode()) > config.max_key_size:
+            try:
+                size = len(key.encode())
+            except UnicodeEncodeError:
+                raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
+            if size > config.max_key_size:
                 raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
-        if headers is not None and not isinstance(headers, dict):
-            raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
         try:
             return encode_record(self.clock.wall_ns(), key, headers, payload)
-        except (TypeError, ValueError) as exc:
-            raise InvalidMessage(f"headers cannot be encoded: {exc}") from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidMessage(f"headers cannot be stored: {exc}") from None
 
     def _config_in(self, w, queue: str) -> QueueConfig:
         """The queue's config as of this transaction (another process may have changed it)."""

@@ -46,9 +46,34 @@ _crc = crc32c.crc32c
 _crc_pack = _CRC.pack
 
 
+_HEADER_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def check_headers(value, depth: int = 0) -> None:
+    """Headers are a dict of str to JSON-like values (plus bytes); raise TypeError otherwise, so
+    that nothing is stored that would not decode back to what was given."""
+    if depth > 32:
+        raise TypeError("headers nest deeper than 32 levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"header names must be str, not {type(k).__name__}")
+            check_headers(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_headers(v, depth + 1)
+    elif not isinstance(value, _HEADER_SCALARS):
+        raise TypeError(f"header values must be None, bool, int, float, str, bytes, list or "
+                        f"dict, not {type(value).__name__}")
+
+
 def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes) -> bytes:
-    """Encode one record. Not thread-safe only in the sense that callers must not share packers:
-    ``msgpack.Packer.pack`` returns fresh bytes and holds no state between calls (autoreset)."""
+    """Encode one record (raises TypeError for headers that would not decode back as given).
+    Safe from any thread: the packer holds no state between calls (autoreset)."""
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise TypeError(f"headers must be a dict, not {type(headers).__name__}")
+        check_headers(headers)
     body = _packer.pack((publish_time_ns, key, headers, payload))
     return _crc_pack(_crc(body)) + body
 
@@ -71,10 +96,10 @@ def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
     if _crc(body) != stored:
         raise CorruptRecord(queue, partition, seq, "crc32c mismatch")
     try:
-        fields = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
+        fields = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same here
         raise CorruptRecord(queue, partition, seq, f"undecodable body ({type(exc).__name__})") from None
-    if not (isinstance(fields, tuple) and len(fields) == 4):
+    if not (isinstance(fields, list) and len(fields) == 4):
         raise CorruptRecord(queue, partition, seq, "body is not a 4-field record")
     ts, key, headers, payload = fields
     if not (isinstance(ts, int) and (key is None or isinstance(key, str))

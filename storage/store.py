@@ -96,7 +96,13 @@ class Store:
         self._gate = _Gate()
         self._closed = False
         self.env = self._open_env(map_size)
-        self.dbs = self._open_dbs()
+        try:
+            self.dbs = self._open_dbs()
+        except BaseException:
+            self.env.close()
+            raise
+        psize = self.env.stat()["psize"]
+        self._append_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
         from partq.storage.group_commit import GroupCommitWriter
         self._writer = GroupCommitWriter(self)
         self._flusher = None
@@ -123,7 +129,9 @@ class Store:
         real = os.path.realpath(os.fspath(path))
         with _registry_lock:
             store = _registry.get(real)
-            if store is not None and store._pid == os.getpid() and not store._closed:
+            if store is not None and store._pid != os.getpid() and not store._closed:
+                raise UsedAcrossFork(_fork_message(real, store._pid))
+            if store is not None and not store._closed:
                 if store.durability != durability:
                     raise InvalidConfig(f"{real} is already open in this process with durability="
                                         f"{store.durability!r}; open it with the same setting")
@@ -139,11 +147,14 @@ class Store:
             env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2, subdir=True,
                             sync=self.durability == "sync", metasync=True, max_readers=1024,
                             lock=True, create=True)
-        except lmdb.InvalidError:
+        except lmdb.Error as exc:
+            if "already open in this process" in str(exc):
+                raise InvalidConfig(f"{self.path} is already open in this process through another "
+                                    f"path or link; open it once and share the Broker") from None
+            if not isinstance(exc, lmdb.InvalidError):
+                raise CorruptStore(f"cannot open {self.path}: {exc}") from None
             raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
                                f"partq's); restore it from a DR-standby or backup") from None
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot open {self.path}: {exc}") from None
         self.report.stale_readers_cleared = env.reader_check()
         return env
 
@@ -195,6 +206,9 @@ class Store:
             txn = self._begin(write=False)
             try:
                 yield Reader(self, txn)
+            except lmdb.Error as exc:
+                raise CorruptStore(f"reading {self.path} failed: {exc}; run `partq verify`, and "
+                                   f"restore from a DR-standby or backup if it is damaged") from None
             finally:
                 txn.abort()
         finally:
@@ -225,6 +239,23 @@ class Store:
         """Run ``op`` in a write transaction shared with concurrent writers; return after commit."""
         return self.submit(op).result()
 
+    def appends_allowed(self, txn) -> bool:
+        """At ``max_map_size``, appends stop while fewer than a reserve (1/16 of the map, between
+        16 pages and 64 MiB) of pages are free, so that acks, which must copy pages before they
+        free any, can always run and drain a full store."""
+        info = self.env.info()
+        if info["map_size"] < self.max_map_size:
+            return True
+        psize = self.env.stat()["psize"]
+        limit = self.max_map_size - self._append_reserve
+        if (info["last_pgno"] + 1) * psize < limit:
+            return True
+        used = 4  # meta pages, main and free trees
+        for db in self.dbs.values():
+            st = txn.stat(db)
+            used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return used * psize < limit
+
     def grow_map(self) -> None:
         """Double the map (called by the writer after MapFull). Raises StorageFull at the limit."""
         current = self.env.info()["map_size"]
@@ -237,8 +268,7 @@ class Store:
     # ------------------------------------------------------------------ lifecycle
     def _check_usable(self) -> None:
         if self._pid != os.getpid():
-            raise UsedAcrossFork(f"this partq store ({self.path}) was opened in process {self._pid} "
-                                 f"and used in forked child {os.getpid()}; open it again in the child")
+            raise UsedAcrossFork(_fork_message(self.path, self._pid))
         if self._closed:
             from partq.errors import BrokerClosed
             raise BrokerClosed(f"the store at {self.path} is closed; open it again")
@@ -289,6 +319,12 @@ class Store:
         self.close()
 
 
+def _fork_message(path: str, parent: int) -> str:
+    return (f"{path} was opened by process {parent}, and this process ({os.getpid()}) is a fork "
+            f"of it: LMDB environments cannot be used or opened again in a forked child. Open the "
+            f"store only after forking, or start children with multiprocessing's 'spawn' method")
+
+
 def _prepare_directory(path: str, create: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAPartqStore(f"{path} is a file, not a partq directory")
@@ -298,6 +334,8 @@ def _prepare_directory(path: str, create: bool) -> None:
         os.makedirs(path, exist_ok=True)
         return
     entries = set(os.listdir(path))
+    if "data.mdb" not in entries and not create:
+        raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
     if "data.mdb" not in entries and entries - _LMDB_FILES:
         raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
                              f"directory")

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import msgpack
 
+from partq.errors import StorageFull
 from partq.storage import crashpoints
 from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
                                     partition_key, unpack_log_key, unpack_u64)
@@ -77,6 +78,8 @@ class Reader:
     def records(self, qid: int, partition: int, start: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order."""
         out: list[tuple[int, bytes]] = []
+        if limit <= 0:
+            return out
         cur = self._txn.cursor(db=self._dbs["log"])
         if not cur.set_range(log_key(qid, partition, start)):
             return out
@@ -129,10 +132,11 @@ class Writer(Reader):
     same commit. Operations must validate before they write: an exception from an operation
     aborts the whole commit, which is then retried one operation at a time."""
 
-    __slots__ = ("changes", "appended", "_replicating")
+    __slots__ = ("changes", "appended", "_replicating", "_store")
 
     def __init__(self, store, txn, replicating: bool) -> None:
         super().__init__(store, txn)
+        self._store = store
         self._replicating = replicating
         self.changes: list[tuple] = []
         self.appended = 0
@@ -221,6 +225,10 @@ class Writer(Reader):
     # partitions --------------------------------------------------------------
     def append(self, qid: int, partition: int, records: list[bytes]) -> int:
         """Append records to one partition's log; return the first sequence assigned."""
+        if not self._store.appends_allowed(self._txn):
+            raise StorageFull(f"{self.path} is at max_map_size={self._store.max_map_size} bytes with "
+                              f"its reserve for acks reached; ack and drain messages, or open the "
+                              f"broker with a larger max_map_size")
         heads = self._dbs["heads"]
         hkey = partition_key(qid, partition)
         raw = self._txn.get(hkey, db=heads)

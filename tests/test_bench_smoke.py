@@ -1,0 +1,43 @@
+"""bench/publish.py runs and prints well-formed JSON lines (no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXPECTED = {
+    "raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",
+    "raw_lmdb_put_batch_1000", "partq_publish_1_thread", "partq_publish_32_threads",
+    "partq_publish_32_threads_msgs_per_commit", "partq_publish_many_batch_100",
+    "partq_publish_many_batch_1000", "partq_publish_32_vs_1_threads",
+}
+
+
+def test_publish_bench_quick_prints_json_lines(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)  # the bench's scratch directories, and proof it removes them
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "publish.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines, "the bench printed nothing"
+    results = {}
+    for line in lines:
+        obj = json.loads(line)
+        assert {"name", "unit", "value"} <= set(obj), line
+        assert isinstance(obj["name"], str) and isinstance(obj["unit"], str)
+        assert isinstance(obj["value"], (int, float)) and obj["value"] > 0, line
+        if "peer" in obj:
+            assert {"peer_value", "ratio"} <= set(obj), line
+            assert obj["peer"] in results, f"{obj['peer']} is not a result of this run"
+            assert obj["peer_value"] == results[obj["peer"]]["value"]
+            assert obj["ratio"] is not None and obj["ratio"] > 0
+        assert obj["name"] not in results, f"{obj['name']} printed twice"
+        results[obj["name"]] = obj
+    assert set(results) == EXPECTED
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
