@@ -1,0 +1,173 @@
+"""What every command shares: the store it works on, user errors, confirmations, statuses.
+
+Errors: a command raises ``UserError`` (or lets a ``partq.PartqError`` / ``OSError`` through);
+``cli.PartqGroup`` turns each into exactly one "Error: ..." line on stderr and exit status 1.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+import time
+from typing import Iterator
+
+import click
+
+from partq import Broker, CorruptStore, PartqError
+from partq.status import QueueStatus
+from partq.storage import Store
+
+STORE_FILE = "data.mdb"
+
+
+class UserError(click.ClickException):
+    """One line, exit status 1. The message says what to do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+
+def one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def describe_os_error(exc: OSError, doing: str | None = None) -> str:
+    where = f" {exc.filename}" if exc.filename else ""
+    what = exc.strerror or str(exc)
+    hint = {errno.ENOENT: "check the path", errno.EACCES: "check its permissions",
+            errno.EPERM: "check its permissions", errno.ENOSPC: "free some disk space",
+            errno.EISDIR: "pass a file, not a directory",
+            errno.ENOTDIR: "a part of the path is a file, not a directory",
+            errno.EROFS: "pass a writable location"}.get(exc.errno, "check the path and retry")
+    return f"{doing or 'cannot access'}{where}: {what}; {hint}"
+
+
+def translate(exc: BaseException) -> UserError | None:
+    """The one place library and OS errors become CLI errors (None: not ours, let it through)."""
+    if isinstance(exc, PartqError):
+        return UserError(str(exc))
+    if isinstance(exc, OSError) and exc.errno != errno.EPIPE:
+        return UserError(describe_os_error(exc))
+    try:
+        import lmdb
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(exc, lmdb.Error):
+        return UserError(f"LMDB: {exc}; run `partq verify` and restore from a backup if it fails")
+    return None
+
+
+class App:
+    """The ``--data`` directory a command works on. Commands open it only as deeply as needed:
+    ``store()`` for read-only snapshots (inspect, verify), ``broker()`` for queue operations.
+    Neither binds a flow: a CLI process never takes a queue's delivery from its owner."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
+
+    @property
+    def path(self) -> str:
+        return os.path.abspath(self.data)
+
+    def _require_store(self) -> None:
+        # Store.open(create=False) refuses a missing directory but would create a store in an
+        # existing empty one; a command other than init must not do that.
+        path = self.data
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, STORE_FILE)):
+            raise UserError(f"{path} holds no partq store; create one with `partq --data {path} "
+                            f"init`, or pass --data (or PARTQ_DATA) pointing at a store")
+
+    @contextlib.contextmanager
+    def broker(self, create: bool = False) -> Iterator[Broker]:
+        if not create:
+            self._require_store()
+        broker = open_retrying(lambda: Broker.open(self.data, create=create))
+        try:
+            yield broker
+        finally:
+            broker.close()
+
+    @contextlib.contextmanager
+    def store(self) -> Iterator[Store]:
+        """The directory's storage only: read snapshots, no broker threads, no scaling repair."""
+        self._require_store()
+        store = open_retrying(lambda: Store.open(self.data, create=False))
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+pass_app = click.make_pass_decorator(App)
+
+OPEN_ATTEMPTS = 20
+
+
+def open_retrying(opener):
+    """Work around a partq bug (reported): ``Store.open`` fails with CorruptStore("...
+    MDB_MAP_RESIZED ...") when another process grows the store while it opens, because the
+    open-time transactions do not adopt the new map size as ``Store.read`` does. The failed
+    Store is unreferenced (so its environment closed) before the next attempt."""
+    for attempt in range(1, OPEN_ATTEMPTS + 1):
+        try:
+            return opener()
+        except CorruptStore as exc:
+            if "MDB_MAP_RESIZED" not in str(exc) or attempt == OPEN_ATTEMPTS:
+                raise
+        time.sleep(0.005 * attempt)
+
+
+def interactive() -> bool:
+    """A person can answer a question: stdin is a terminal."""
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def confirm(yes: bool, question: str, flag_hint: str) -> None:
+    """Ask before a destructive action. Without a terminal to ask on (a script, a pipe), refuse
+    with ``flag_hint`` rather than guess."""
+    if yes:
+        return
+    if not interactive():
+        raise UserError(f"not confirmed (no terminal to ask on); {flag_hint}")
+    try:
+        answer = click.confirm(question, default=False, err=True)
+    except click.Abort:
+        raise UserError(f"not confirmed; {flag_hint}") from None
+    if not answer:
+        raise UserError("cancelled; nothing was changed")
+
+
+class StatusUnavailable(UserError):
+    pass
+
+
+def queue_status(broker: Broker, name: str) -> QueueStatus:
+    """``broker.queue_status`` with its known failure turned into a one-line error.
+
+    partq bug (reported): from a process that does not run the queue's delivery, the status of a
+    queue whose persisted assignment state predates a scale-up raises IndexError.
+    """
+    try:
+        return broker.queue_status(name)
+    except IndexError:
+        raise StatusUnavailable(
+            f"the status of queue {name!r} cannot be computed: its stored assignments predate its "
+            f"last partition count change (a known partq bug); its messages are intact, see "
+            f"`partq inspect {name}`") from None
+
+
+def check_partition(partition: int | None, partitions: int, queue: str) -> None:
+    if partition is not None and not 0 <= partition < partitions:
+        raise UserError(f"queue {queue!r} has partitions 0 to {partitions - 1}; pass --partition "
+                        f"in that range")
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)

@@ -1,0 +1,302 @@
+"""The resumable copy behind ``partq copy-out``: unacked messages of a queue to another queue or
+to a file, re-runnable after any interruption (SIGKILL included) without duplicates or gaps.
+
+How each destination makes a re-run exact:
+
+* queue: every batch goes through ``Broker.publish_many(dest, items, checkpoint=(name, pos))``,
+  which stores ``pos`` (the last source sequence the batch covers, plus one) in the same
+  transaction as the messages. A re-run starts each partition at its checkpoint. The checkpoint
+  name is derived from source queue, partition and destination (and the explicit --from-seq /
+  --to-seq range, so copying another range is another copy).
+* file: every record carries its partition and seq; each batch is flushed and fsynced. A re-run
+  reads the file, keeps every complete record, cuts a torn last record (a line without its
+  newline, a partial msgpack object), and starts each partition after its highest seq in the
+  file. A file that is not a copy-out file of that queue is refused, never cut.
+
+The upper bound of each partition is its head when the copy starts, so a busy publisher cannot
+keep a copy running forever; run the copy again to take what came since.
+"""
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import msgpack
+
+from partq.config import QueueConfig
+from partq.errors import CorruptRecord
+from partq.storage import Record, decode_record
+from partq.tools.common import UserError, describe_os_error
+from partq.tools.output import jsonable
+
+FORMATS = ("jsonl", "msgpack")
+JSONL_KEYS = ("queue", "partition", "seq", "key", "publish_time_ns", "headers", "payload_b64")
+MSGPACK_KEYS = ("queue", "partition", "seq", "key", "publish_time_ns", "headers", "payload")
+
+
+@dataclass
+class PartitionReport:
+    partition: int
+    start: int                  # first sequence this run looked at
+    end: int                    # last sequence this run may copy (-1: nothing to copy)
+    resumed: bool               # an earlier run had copied up to start
+    copied: int = 0
+    skipped_acked: int = 0
+    skipped_corrupt: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"partition": self.partition, "from_seq": self.start, "to_seq": self.end,
+                "resumed": self.resumed, "copied": self.copied,
+                "skipped_acked": self.skipped_acked, "skipped_corrupt": self.skipped_corrupt}
+
+
+# ---------------------------------------------------------------------- destinations
+class QueueSink:
+    """Copies into another queue of the same store, idempotently per batch."""
+
+    def __init__(self, broker, source: str, dest: str, range_tag: str) -> None:
+        self.broker, self.source, self.dest, self.range_tag = broker, source, dest, range_tag
+        config = broker.queue_config(dest)  # QueueNotFound if missing
+        if not config.ingress_enabled:
+            raise UserError(f"destination queue {dest!r} has ingress disabled, so copied messages "
+                            f"would be lost; enable it with `partq queue update {dest} --ingress on`")
+
+    def describe(self) -> dict:
+        return {"to_queue": self.dest}
+
+    def checkpoint_name(self, partition: int) -> str:
+        name = f"copy-out:{self.source}:{partition}:{self.dest}{self.range_tag}"
+        if len(name.encode()) > 400:   # LMDB keys are at most 511 bytes
+            name = "copy-out:" + hashlib.sha256(name.encode()).hexdigest()
+        return name
+
+    def resume_after(self, partition: int) -> int | None:
+        """The last source sequence an earlier run covered, or None."""
+        position = self.broker.checkpoint(self.checkpoint_name(partition))
+        return None if position is None else position - 1
+
+    def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
+        results = self.broker.publish_many(
+            self.dest, [(rec.payload, rec.key, rec.headers) for _, rec in items],
+            checkpoint=(self.checkpoint_name(partition), last_seq + 1))
+        lost = sum(1 for res in results if res.discarded)
+        if lost:
+            first = items[0][0]
+            raise UserError(
+                f"destination queue {self.dest!r} discarded {lost} copied messages (its ingress was "
+                f"disabled meanwhile): partition {partition} seqs {first} to {last_seq} of "
+                f"{self.source!r}; enable its ingress and copy them again with --partition "
+                f"{partition} --from-seq {first} --to-seq {last_seq}")
+        return len(results)
+
+    def close(self) -> None:
+        pass
+
+
+class FileSink:
+    """Copies into a JSON Lines or msgpack file that a re-run continues."""
+
+    def __init__(self, path: str, fmt: str, queue: str) -> None:
+        self.path, self.fmt, self.queue = path, fmt, queue
+        self.last: dict[int, int] = {}        # partition -> highest seq in the file
+        self.records_found = 0
+        self.cut_bytes = 0
+        try:
+            self._file = self._open()
+        except OSError as exc:
+            raise UserError(describe_os_error(exc, "cannot write")) from None
+
+    def describe(self) -> dict:
+        return {"to_file": os.path.abspath(self.path), "format": self.fmt,
+                "records_already_in_file": self.records_found, "torn_bytes_cut": self.cut_bytes}
+
+    def _open(self):
+        created = not os.path.exists(self.path)
+        f = open(self.path, "ab" if created else "r+b")
+        try:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"another copy-out is writing {self.path}; wait for it to end, or "
+                                f"pass another --to-file path") from None
+            if created:
+                _fsync_dir(self.path)
+            else:
+                keep = self._scan(f.read())
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if keep < size:
+                    f.truncate(keep)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    self.cut_bytes = size - keep
+                f.seek(keep)
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def _refuse(self, where: str, why: str) -> UserError:
+        return UserError(f"{self.path} is not a {self.fmt} copy-out file of queue {self.queue!r} "
+                         f"({where}: {why}); pass a new --to-file path, or the file an earlier "
+                         f"`partq copy-out {self.queue} --format {self.fmt}` wrote")
+
+    def _check(self, rec, where: str) -> None:
+        keys = JSONL_KEYS if self.fmt == "jsonl" else MSGPACK_KEYS
+        if not isinstance(rec, dict) or set(rec) != set(keys):
+            raise self._refuse(where, f"expected an object with keys {', '.join(keys)}")
+        if rec["queue"] != self.queue:
+            raise self._refuse(where, f"it holds messages of queue {rec['queue']!r}")
+        p, seq = rec["partition"], rec["seq"]
+        if not (isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                and isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
+            raise self._refuse(where, "partition and seq must be integers >= 0")
+        if seq > self.last.get(p, -1):
+            self.last[p] = seq
+        self.records_found += 1
+
+    def _scan(self, data: bytes) -> int:
+        """Check every complete record; return the length to keep (a torn tail is cut)."""
+        return self._scan_jsonl(data) if self.fmt == "jsonl" else self._scan_msgpack(data)
+
+    def _scan_jsonl(self, data: bytes) -> int:
+        keep = data.rfind(b"\n") + 1
+        for n, line in enumerate(data[:keep].split(b"\n")[:-1], start=1):
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise self._refuse(f"line {n}", f"not JSON ({exc.__class__.__name__})") from None
+            self._check(rec, f"line {n}")
+        self._check_torn(data[keep:], json.dumps({"queue": self.queue}).encode()[:-1] + b",")
+        return keep
+
+    def _scan_msgpack(self, data: bytes) -> int:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+        unpacker.feed(data)
+        keep = 0
+        n = 0
+        try:
+            for rec in unpacker:
+                n += 1
+                self._check(rec, f"record {n}")
+                keep = unpacker.tell()
+        except UserError:
+            raise
+        except Exception as exc:
+            raise self._refuse(f"record {n + 1}", f"not msgpack ({exc.__class__.__name__})") from None
+        prefix = msgpack.packb({"queue": self.queue}, use_bin_type=True)[1:]
+        self._check_torn(data[keep:], bytes([0x80 | len(MSGPACK_KEYS)]) + prefix)
+        return keep
+
+    def _check_torn(self, tail: bytes, expected_start: bytes) -> None:
+        """A torn tail is cut only from a file that is evidently ours: one with complete records,
+        or one whose bytes start like a record of this queue."""
+        if not tail or self.records_found:
+            return
+        n = min(len(tail), len(expected_start))
+        if tail[:n] != expected_start[:n]:
+            raise self._refuse("start of file", "no complete record")
+
+    def resume_after(self, partition: int) -> int | None:
+        return self.last.get(partition)
+
+    def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
+        if not items:
+            return 0
+        if self.fmt == "jsonl":
+            chunks = [json.dumps({"queue": self.queue, "partition": partition, "seq": seq,
+                                  "key": rec.key, "publish_time_ns": rec.publish_time_ns,
+                                  "headers": rec.headers,
+                                  "payload_b64": base64.b64encode(rec.payload).decode("ascii")},
+                                 default=jsonable).encode() + b"\n" for seq, rec in items]
+        else:
+            chunks = [msgpack.packb({"queue": self.queue, "partition": partition, "seq": seq,
+                                     "key": rec.key, "publish_time_ns": rec.publish_time_ns,
+                                     "headers": rec.headers, "payload": rec.payload},
+                                    use_bin_type=True) for seq, rec in items]
+        try:
+            self._file.write(b"".join(chunks))
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise UserError(describe_os_error(exc, "cannot write")) from None
+        self.last[partition] = items[-1][0]
+        return len(items)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- the copy
+def plan(store, config: QueueConfig, partitions: list[int], from_seq: int, to_seq: int | None,
+         sink) -> list[PartitionReport]:
+    """Where each partition starts (after what earlier runs copied) and ends (its head now)."""
+    reports = []
+    with store.read() as r:
+        for p in partitions:
+            head = r.head(config.qid, p)
+            floor = r.ack_state(config.qid, p).floor
+            done = sink.resume_after(p)
+            start = max(from_seq, floor, 0 if done is None else done + 1)
+            end = head - 1 if to_seq is None else min(to_seq, head - 1)
+            reports.append(PartitionReport(p, start, end, resumed=done is not None
+                                           and done + 1 > max(from_seq, floor)))
+    return reports
+
+
+def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch: int,
+         skip_corrupt: bool, advance: Callable[[int], None], stop: Callable[[], bool]) -> None:
+    """Copy every unacked message of each planned partition, batch by batch; ``advance(n)`` is
+    told how many sequences each batch covered; ``stop()`` ends the copy between batches."""
+    queue, qid = config.name, config.qid
+    for rep in reports:
+        pos = rep.start
+        while pos <= rep.end:
+            if stop():
+                return
+            with store.read() as r:
+                ack = r.ack_state(qid, rep.partition)
+                records = r.records(qid, rep.partition, pos, min(batch, rep.end - pos + 1))
+            items: list[tuple[int, Record]] = []
+            last = None
+            failure = None
+            for seq, raw in records:
+                if seq > rep.end:
+                    break
+                if ack.is_acked(seq):
+                    rep.skipped_acked += 1
+                    last = seq
+                    continue
+                try:
+                    items.append((seq, decode_record(raw, queue, rep.partition, seq)))
+                except CorruptRecord as exc:
+                    if not skip_corrupt:
+                        failure = exc
+                        break
+                    rep.skipped_corrupt.append(seq)
+                last = seq
+            if last is not None:
+                rep.copied += sink.write(rep.partition, last, items)
+                advance(last - pos + 1)
+                pos = last + 1
+            if failure is not None:
+                raise UserError(
+                    f"corrupt record in queue {queue!r} partition {rep.partition} seq {failure.seq} "
+                    f"({failure.reason}); everything before it was copied: run copy-out again "
+                    f"with --skip-corrupt to copy past it, and `partq verify {queue}` to list "
+                    f"damaged records")
+            if last is None:
+                break  # nothing left at or below the bound (acked and truncated meanwhile)

@@ -1,0 +1,223 @@
+"""``partq queue create|list|show|update|delete``: thin wrappers over the Broker's queue API."""
+from __future__ import annotations
+
+import functools
+
+import click
+
+from partq.config import PARTITIONERS, USER_SETTABLE
+from partq.tools.common import (App, UserError, confirm, pass_app, queue_status)
+from partq.tools.output import Output, on_off, output_options
+
+
+class OnOff(click.ParamType):
+    """on/off (also true/false, yes/no, 1/0) -> bool."""
+
+    name = "on|off"
+    _values = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False,
+               "1": True, "0": False}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool):
+            return value
+        try:
+            return self._values[str(value).strip().lower()]
+        except KeyError:
+            self.fail(f"{value!r} is not one of on, off", param, ctx)
+
+
+ON_OFF = OnOff()
+
+# (option, QueueConfig field, click type, help). One list for create and update, so the two never
+# drift apart; tests check it covers every user-settable field.
+SETTINGS = [
+    ("--rebalance-delay", "rebalance_delay", click.FLOAT,
+     "Seconds of holddown after a consumer change before partitions move (S8)."),
+    ("--max-handoff-time", "max_handoff_time", click.FLOAT,
+     "Seconds a handoff waits for the old consumer's acks (S12)."),
+    ("--max-unacked", "max_delivered_unacked_per_flow", click.INT,
+     "Messages a flow may hold delivered and unacked (S14)."),
+    ("--partitioner", "partitioner", click.Choice(PARTITIONERS),
+     "Partitioner of unkeyed messages (S2)."),
+    ("--sticky-batch-size", "sticky_batch_size", click.INT,
+     "Bytes the sticky partitioner sends to one partition before switching (S20)."),
+    ("--adaptive/--no-adaptive", "adaptive", None,
+     "Sticky: prefer partitions with smaller backlogs (S21)."),
+    ("--availability-timeout", "partition_availability_timeout", click.FLOAT,
+     "Sticky: skip a partition whose consumer accepted nothing for this many seconds (S22)."),
+    ("--max-message-size", "max_message_size", click.INT, "Largest payload in bytes."),
+    ("--max-key-size", "max_key_size", click.INT, "Longest key in bytes."),
+    ("--ingress", "ingress_enabled", ON_OFF, "Accept publishes (S19)."),
+    ("--egress", "egress_enabled", ON_OFF, "Deliver to consumers (S19)."),
+    ("--reject-msg-to-sender", "reject_msg_to_sender", ON_OFF,
+     "Reject publishes the queue refuses instead of discarding them; while ingress is off only "
+     "with --reject-when-shutdown on too (S19)."),
+    ("--reject-when-shutdown", "reject_msg_to_sender_when_shutdown", ON_OFF,
+     "Reject (not discard) publishes while ingress is off; needs --reject-msg-to-sender on."),
+]
+assert {field for _, field, _, _ in SETTINGS} == set(USER_SETTABLE), "SETTINGS out of date"
+
+
+def setting_options(func):
+    """Every user-settable queue option; passes ``settings``: the fields given, by config name."""
+    for opt, field, ptype, help_text in reversed(SETTINGS):
+        kwargs = {"default": None, "help": help_text}
+        if ptype is not None:
+            kwargs["type"] = ptype
+        func = click.option(opt, field, **kwargs)(func)
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        settings = {field: kwargs.pop(field) for _, field, _, _ in SETTINGS}
+        return func(*args, settings={k: v for k, v in settings.items() if v is not None}, **kwargs)
+    return wrapper
+
+
+@click.group()
+def queue() -> None:
+    """Create, list, show, update and delete queues."""
+
+
+@queue.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=int, default=1, show_default=True,
+              help="Number of partitions (1 to 65536).")
+@setting_options
+@output_options
+@pass_app
+def create(app: App, name: str, partitions: int, settings: dict, out: Output) -> None:
+    """Create queue NAME."""
+    with app.broker() as broker:
+        config = broker.create_queue(name, partitions=partitions, **settings)
+    if out.json:
+        out.doc(config.to_dict())
+    else:
+        out.echo(f"created queue {name!r} with {config.partitions} partition"
+                 f"{'s' if config.partitions != 1 else ''}")
+
+
+@queue.command("list")
+@output_options
+@pass_app
+def list_queues(app: App, out: Output) -> None:
+    """List queues with their partition counts, depths and statuses."""
+    rows = []
+    with app.broker() as broker:
+        for config in sorted(broker.queues(), key=lambda c: c.name):
+            row = {"name": config.name, "partitions": config.partitions,
+                   "ingress_enabled": config.ingress_enabled,
+                   "egress_enabled": config.egress_enabled,
+                   "scaling_status": config.scaling_status, "discarded": config.discarded}
+            try:
+                st = queue_status(broker, config.name)
+            except UserError as exc:
+                row.update(depth=None, rebalance_status=None, flows=None, delivery_owner=None,
+                           error=exc.message)
+            else:
+                row.update(depth=st.depth, rebalance_status=st.rebalance_status,
+                           flows=len(st.flows), delivery_owner=st.delivery_owner, error=None)
+            rows.append(row)
+    if out.json:
+        out.doc(rows)
+        return
+    if not rows:
+        out.echo("no queues; create one with `partq queue create NAME --partitions N`")
+        return
+    out.table(["NAME", "PARTITIONS", "DEPTH", "INGRESS", "EGRESS", "REBALANCE", "SCALING",
+               "FLOWS", "DELIVERY OWNER"],
+              [[r["name"], r["partitions"], r["depth"], on_off(r["ingress_enabled"]),
+                on_off(r["egress_enabled"]), r["rebalance_status"] or "unknown",
+                r["scaling_status"], r["flows"], r["delivery_owner"]] for r in rows])
+    for r in rows:
+        if r["error"]:
+            out.warn(r["error"])
+
+
+@queue.command("show")
+@click.argument("name")
+@output_options
+@pass_app
+def show(app: App, name: str, out: Output) -> None:
+    """Show the configuration, statuses, partitions and flows of queue NAME."""
+    with app.broker() as broker:
+        config = broker.queue_config(name)
+        st = queue_status(broker, name)
+    if out.json:
+        out.doc({"config": config.to_dict(), "status": st.as_dict()})
+        return
+    out.echo(f"queue {name}")
+    out.table(["SETTING", "VALUE"], [[k, _show_value(v)] for k, v in config.to_dict().items()
+                                     if k != "name"], indent="  ")
+    out.echo()
+    out.echo(f"  partitions {st.partition_count}  depth {st.depth}  rebalance {st.rebalance_status}"
+             f"  scaling {st.scaling_status}  ingress {on_off(st.ingress_enabled)}"
+             f"  egress {on_off(st.egress_enabled)}")
+    out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
+    out.echo()
+    errors = any(p.error for p in st.partitions)
+    out.table(["PARTITION", "STATUS", "FLOW", "DEPTH", "UNACKED", "NEXT SEQ", "ACK FLOOR"]
+              + (["ERROR"] if errors else []),
+              [[p.partition, p.status, p.flow_name or p.flow, p.depth, p.unacked, p.next_seq,
+                p.ack_floor] + ([p.error] if errors else []) for p in st.partitions], indent="  ")
+    out.echo()
+    if st.flows:
+        out.table(["FLOW", "NAME", "BOUND", "ACTIVE", "PARTITIONS"],
+                  [[f.flow, f.name, f.bound, f.active, ",".join(map(str, f.partitions)) or None]
+                   for f in st.flows], indent="  ")
+    else:
+        out.echo("  no flows")
+
+
+def _show_value(v) -> str:
+    if isinstance(v, bool):
+        return on_off(v)
+    return str(v)
+
+
+@queue.command("update")
+@click.argument("name")
+@setting_options
+@click.option("--partitions", type=int, hidden=True,
+              help="Refused: the partition count changes with `partq scale`.")
+@output_options
+@pass_app
+def update(app: App, name: str, settings: dict, partitions: int | None, out: Output) -> None:
+    """Change settings of queue NAME (use `partq scale` to change the partition count)."""
+    if partitions is not None:
+        raise click.UsageError(f"the partition count changes with `partq scale {name} "
+                               f"--partitions {partitions}` (the seed's procedure), not with update")
+    if not settings:
+        raise click.UsageError("nothing to update; pass at least one setting, e.g. --ingress off")
+    with app.broker() as broker:
+        before = broker.queue_config(name).to_dict()
+        after = broker.update_queue(name, **settings).to_dict()
+    changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
+    if out.json:
+        out.doc({"queue": name, "changed": changed, "config": after})
+        return
+    if not changed:
+        out.echo(f"queue {name!r}: nothing changed")
+        return
+    out.echo(f"updated queue {name!r}")
+    out.table(["SETTING", "BEFORE", "AFTER"],
+              [[k, _show_value(a), _show_value(b)] for k, (a, b) in changed.items()], indent="  ")
+
+
+@queue.command("delete")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_options
+@pass_app
+def delete(app: App, name: str, yes: bool, out: Output) -> None:
+    """Delete queue NAME and every message in it."""
+    with app.broker() as broker:
+        config = broker.queue_config(name)
+        depth = queue_status(broker, name).depth if not yes else None
+        if not yes:
+            confirm(yes, f"Delete queue {name!r} and its {depth} unacked messages?",
+                    f"pass --yes to delete queue {name!r}")
+        broker.delete_queue(name)
+    if out.json:
+        out.doc({"queue": name, "deleted": True, "partitions": config.partitions})
+    else:
+        out.echo(f"deleted queue {name!r}")

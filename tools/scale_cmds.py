@@ -1,0 +1,124 @@
+"""``partq scale``: the seed's seven-step partition-scaling procedure, printed step by step.
+
+The procedure itself is ``partq.tools.scaling``; this module prints it (lines, or one JSON object
+per step with --json).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import click
+
+from partq.tools import scaling
+from partq.tools.common import App, confirm, pass_app, require
+from partq.tools.output import Output, output_options
+
+
+class HumanReporter(scaling.Reporter):
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self._bar = None
+        self._shown = 0
+        self._last_depth = None
+        self._last_line = 0.0
+
+    def start(self, step: int, text: str) -> None:
+        self.out.echo(f"[{step}/7] {text} ...")
+
+    def note(self, step: int, text: str) -> None:
+        self.out.echo(f"      {text}")
+
+    def done(self, step: int, status: str, seconds: float, detail: dict) -> None:
+        self._close_bar()
+        self.out.echo(f"[{step}/7] {status} in {seconds:.3f} s")
+
+    def drain(self, depth: int, initial: int) -> None:
+        if initial <= 0:
+            return
+        if not self.out.show_progress:
+            # no terminal (a log, CI): a line when the depth changed, at most every 2 s
+            now = time.monotonic()
+            if depth != self._last_depth and now - self._last_line >= 2.0:
+                self.out.echo(f"      depth {depth} of {initial}")
+                self._last_depth, self._last_line = depth, now
+            return
+        if self._bar is None:
+            self._bar = self.out.progress(initial, "draining").__enter__()
+        drained = max(0, min(initial, initial - depth))
+        if drained > self._shown:
+            self._bar.update(drained - self._shown)
+            self._shown = drained
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+            self._shown = 0
+
+
+class JsonReporter(scaling.Reporter):
+    """One JSON object per step, written when the step ends (done, skipped, timeout, failed)."""
+
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self.notes: list[str] = []
+
+    def start(self, step: int, text: str) -> None:
+        self.notes = []
+
+    def note(self, step: int, text: str) -> None:
+        self.notes.append(text)
+
+    def done(self, step: int, status: str, seconds: float, detail: dict) -> None:
+        name, title = scaling.STEPS[step]
+        self.out.line({"step": step, "name": name, "title": title, "status": status,
+                       "seconds": round(seconds, 6), "notes": self.notes, **detail})
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--partitions", "-p", type=int, required=True, help="The new partition count.")
+@click.option("--drain-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds step 2 waits for consumers to drain every partition.")
+@click.option("--rebalance-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds step 5 waits for the rebalance to finish.")
+@click.option("--standby-timeout", type=float, default=300.0, show_default=True,
+              help="Seconds steps 3 and 6 wait for a DR-standby.")
+@click.option("--no-drain", is_flag=True,
+              help="Skip step 2: messages left in removed partitions are deleted (seed 001).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_options
+@pass_app
+def scale(app: App, queue: str, partitions: int, drain_timeout: float, rebalance_timeout: float,
+          standby_timeout: float, no_drain: bool, yes: bool, out: Output) -> None:
+    """Change the partition count of QUEUE by the seed's seven steps.
+
+    1 disable ingress, 2 wait until every partition is drained, 3 wait for the DR-standby,
+    4 change the count (decreasing deletes the highest-numbered partitions first, with their
+    messages), 5 wait for the rebalance, 6 wait for the DR-standby again, 7 enable ingress.
+    A step that times out re-enables ingress and ends with exit status 1.
+    """
+    for name, value in (("--drain-timeout", drain_timeout), ("--rebalance-timeout", rebalance_timeout),
+                        ("--standby-timeout", standby_timeout)):
+        require(value >= 0, f"{name} must be a number of seconds >= 0")
+    with app.broker() as broker:
+        config = broker.queue_config(queue)
+        dataclasses.replace(config, partitions=partitions)  # validates the count (InvalidConfig)
+        if partitions == config.partitions and config.scaling_status == "Ready":
+            if out.json:
+                out.line({"queue": queue, "from": partitions, "to": partitions, "changed": False})
+            else:
+                out.echo(f"queue {queue!r} already has {partitions} partitions; nothing to do")
+            return
+        loss = (f", and messages left in partitions {partitions} to {config.partitions - 1} are "
+                f"deleted" if partitions < config.partitions and no_drain else "")
+        confirm(yes, f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
+                     f"Its ingress is disabled until the procedure ends{loss}.",
+                f"pass --yes to scale queue {queue!r}")
+        reporter = JsonReporter(out) if out.json else HumanReporter(out)
+        summary = scaling.run(broker, queue, partitions, drain=not no_drain,
+                              drain_timeout=drain_timeout, rebalance_timeout=rebalance_timeout,
+                              standby_timeout=standby_timeout, reporter=reporter)
+    out.echo(f"queue {queue!r} scaled from {summary['from']} to {summary['to']} partitions in "
+             f"{summary['seconds']:.3f} s")
