@@ -157,42 +157,56 @@ class Broker:
             return self._follower.status()
         if self._replication is not None:
             return self._replication.status()
-        with self._store.read() as r:
-            slots = r.meta(b"slots")
-        role = "standby" if self._standby else "primary"
-        return ReplicationStatus(role=role, mode=None, connected=False, head_lsn=0, applied_lsn=0,
-                                 lag_messages=0, lag_seconds=0.0,
-                                 primary="detached" if slots else None)
+        from partq.replication import stored_slots_status
+        return stored_slots_status(self._store, "standby" if self._standby else "primary")
 
-    def promote(self) -> None:
-        """Make this DR-standby a primary: stop following, accept publishes and binds. Consumers
-        that rebind with their names or hints within the rebalance delay keep their partitions."""
+    def promote(self, replication_listen: str | None = None, replication_mode: str = "async",
+                sync_timeout: float = 10.0) -> None:
+        """Make this DR-standby a primary: stop following, accept publishes and binds, and (with
+        ``replication_listen``) serve standbys of its own. Consumers that rebind with their names
+        or hints within the rebalance delay keep their partitions. The promoted store starts a
+        new timeline, so a standby of the old primary re-bootstraps instead of resuming from
+        LSNs that name other commits here."""
         if not self._standby:
             raise InvalidConfig(f"{self.path} is not a DR-standby; nothing to promote")
         if self._follower is not None:
             self._follower.close()
             self._follower = None
-        self._store.write(lambda w: w.delete_local_meta(b"role"))
+
+        def op(w):
+            applied = w.meta(b"applied_lsn")
+            lsn = max(unpack_u64(w.meta(b"lsn") or pack_u64(0)),
+                      unpack_u64(applied) if applied else 0)
+            w.put_local_meta(b"lsn", pack_u64(lsn))
+            w.put_local_meta(b"timeline", uuid.uuid4().hex.encode())
+            w.delete_local_meta(b"role")
+        self._store.write(op)
         self._standby = False
+        if replication_listen:
+            from partq.replication import ReplicationServer
+            self._replication = ReplicationServer(self, replication_listen, replication_mode,
+                                                  sync_timeout)
 
-    def _replace_store(self, data_file: str, lsn: int) -> None:
-        """Standby: swap in a snapshot received from the primary (already fsynced)."""
-        with self._lock:
-            with self._store.read() as r:
-                standby_id = r.meta(b"standby_id")
-            options = dict(durability=self._store.durability, max_map_size=self._store.max_map_size)
-            self._store.close()
-            os.replace(data_file, os.path.join(self.path, "data.mdb"))
-            self._store = Store.open(self.path, **options)
-            self._store._writer.add_listener(self._wake_receivers)
+    def _install_snapshot(self, snapshot_dir: str, lsn: int) -> None:
+        """Standby: load a snapshot received from the primary. It is copied into the live store
+        in one transaction (readers never see a closed or half-loaded store, and a crash leaves
+        the previous state), together with this standby's own meta keys."""
+        import lmdb
 
-            def op(w):
-                w.delete_local_meta(b"slots")
-                w.put_local_meta(b"role", b"standby")
-                w.put_local_meta(b"applied_lsn", pack_u64(lsn))
-                if standby_id is not None:
-                    w.put_local_meta(b"standby_id", standby_id)
-            self._store.write(op)
+        from partq.storage.txn import DB_NAMES
+        with self._store.read() as r:
+            standby_id = r.meta(b"standby_id")
+        env = lmdb.open(snapshot_dir, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 2)
+        try:
+            with env.begin() as src:
+                names = {k.decode() for k, _ in src.cursor()}
+                src_dbs = {name: env.open_db(name.encode(), txn=src, create=False)
+                           for name in DB_NAMES if name in names}
+                keep = {b"slots": None, b"role": b"standby", b"applied_lsn": pack_u64(lsn),
+                        b"standby_id": standby_id}
+                self._store.write(lambda w: w.load_snapshot(src, src_dbs, keep))
+        finally:
+            env.close()
 
     @property
     def path(self) -> str:
@@ -293,6 +307,9 @@ class Broker:
             stored = w.meta(key)
             if stored is not None and unpack_u64(stored) >= position:
                 return []
+            if not self._config_in(w, queue).ingress_enabled:
+                raise IngressDisabled(f"queue {queue!r} has ingress disabled: a checkpointed copy "
+                                      f"would lose the batch; enable ingress and run it again")
             w.put_meta(key, pack_u64(position))
             return publish(w) if encoded else []
         return self._store.write(op)
@@ -621,9 +638,12 @@ class Broker:
                     owner = core.owner[p] if p < core.n else None
                     info = core.flows.get(owner) if owner else None
                     ps = qd.parts[p] if qd is not None and p < len(qd.parts) else None
+                    if statuses and p < len(statuses):
+                        status = statuses[p]
+                    else:
+                        status = core.partition_status(p) if p < core.n else "Unassigned"
                     parts.append(PartitionStatus(
-                        partition=p,
-                        status=statuses[p] if statuses and p < len(statuses) else core.partition_status(p),
+                        partition=p, status=status,
                         flow=owner, flow_name=info.name if info else None,
                         depth=head - ack.floor - len(ack.above), unacked=len(ps.inflight) if ps else 0,
                         next_seq=head, ack_floor=ack.floor,

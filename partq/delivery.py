@@ -64,6 +64,9 @@ class QueueDelivery:
         self.flows: dict[str, object] = {}   # flow id -> Flow
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
+        if self.core.n != config.partitions:
+            # scaled while no process ran delivery: rebalance at once, as scaling does (S18)
+            self._run(self.core.partition_count_changed(config.partitions, now), now)
 
     def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
         """The stored config changed (here or in another process): take the new settings, and

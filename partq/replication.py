@@ -99,7 +99,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class StandbyLink:
     standby_id: str
     connected: bool
-    acked_lsn: int
+    acked_lsn: int                      # -1 while bootstrapping (snapshot not yet confirmed)
     lag_changes: int
     lag_messages: int
     lag_seconds: float
@@ -176,11 +176,16 @@ class ReplicationServer:
         self.mode = mode
         self._stop = threading.Event()
         self._new_commit = threading.Condition()
-        self._links: dict[str, dict] = {}
+        self._links: dict[str, dict] = {}   # standby id -> acked, connected, generation
         self._links_lock = threading.Lock()
+        self._generation = 0
         self._times: deque = deque(maxlen=100_000)   # (lsn, commit time ns, msgs_total)
         self.gate = SyncGate(sync_timeout) if mode == "sync" else None
         store = broker._store
+        with store.read() as r:
+            has_timeline = r.meta(b"timeline") is not None
+        if not has_timeline:
+            store.write(lambda w: w.put_local_meta(b"timeline", uuid.uuid4().hex.encode()))
         store._writer.add_listener(self._on_commit)
         if self.gate is not None:
             store._writer.sync_gate = self.gate
@@ -212,7 +217,7 @@ class ReplicationServer:
             threading.Thread(target=self._serve, args=(conn,), name="partq-repl-link", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        standby_id = "?"
+        standby_id, gen = "?", None
         try:
             conn.settimeout(30)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -221,9 +226,11 @@ class ReplicationServer:
                 raise FrameError("expected hello")
             standby_id = str(hello["standby_id"])
             applied = hello.get("applied_lsn")
-            self._register(standby_id, applied)
+            if hello.get("timeline") != self._timeline():
+                applied = None        # another history (e.g. a promoted standby): start over
+            gen = self._register(standby_id, applied)
             sent = self._start_point(conn, applied)
-            self._stream(conn, standby_id, sent)
+            self._stream(conn, standby_id, gen, sent)
         except (FrameError, OSError, PartqError) as exc:
             if not self._stop.is_set():
                 log.warning("replication link to standby %s ended: %s", standby_id, exc)
@@ -232,11 +239,16 @@ class ReplicationServer:
         finally:
             with self._links_lock:
                 link = self._links.get(standby_id)
-                if link is not None:
+                if link is not None and link["gen"] == gen:   # not a newer connection's link
                     link["connected"] = False
             conn.close()
 
-    def _register(self, standby_id: str, applied: int | None) -> None:
+    def _timeline(self) -> str | None:
+        with self.broker._store.read() as r:
+            raw = r.meta(b"timeline")
+        return None if raw is None else raw.decode()
+
+    def _register(self, standby_id: str, applied: int | None) -> int:
         def op(w):
             raw = w.meta(b"slots")
             slots = msgpack.unpackb(raw, raw=False) if raw else {}
@@ -244,8 +256,9 @@ class ReplicationServer:
             w.put_local_meta(b"slots", msgpack.packb(slots))
         self.broker._store.write(op)
         with self._links_lock:
-            link = self._links.setdefault(standby_id, {"acked": applied or 0})
-            link["connected"] = True
+            self._generation += 1
+            self._links[standby_id] = {"acked": -1, "connected": True, "gen": self._generation}
+            return self._generation
 
     def _start_point(self, conn: socket.socket, applied: int | None) -> int:
         """Send a snapshot unless the change log still holds everything after ``applied``.
@@ -284,7 +297,7 @@ class ReplicationServer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _stream(self, conn: socket.socket, standby_id: str, sent: int) -> None:
+    def _stream(self, conn: socket.socket, standby_id: str, gen: int, sent: int) -> None:
         store = self.broker._store
         last_trim = time.monotonic()
         while not self._stop.is_set():
@@ -298,7 +311,10 @@ class ReplicationServer:
             acked = int(ack["lsn"])
             sent = max(sent, acked)
             with self._links_lock:
-                self._links[standby_id]["acked"] = acked
+                link = self._links[standby_id]
+                if link["gen"] != gen:
+                    raise FrameError("superseded by a newer connection of the same standby")
+                link["acked"] = acked
             if self.gate is not None:
                 self.gate.acked(self._min_acked())
             if time.monotonic() - last_trim > TRIM_EVERY:
@@ -329,13 +345,16 @@ class ReplicationServer:
         return entries, head, (head_time, msgs)
 
     def _min_acked(self) -> int:
+        """What every connected standby has durably (a sync-mode commit waits for it): a dead
+        standby does not hold publishers hostage, and with none connected nothing is released."""
         with self._links_lock:
-            return min((link["acked"] for link in self._links.values()), default=0)
+            return min((link["acked"] for link in self._links.values() if link["connected"]),
+                       default=0)
 
     def _trim(self) -> None:
         """Delete change-log entries every standby has; persist the slots' positions."""
         with self._links_lock:
-            acked = {sid: link["acked"] for sid, link in self._links.items()}
+            acked = {sid: link["acked"] for sid, link in self._links.items() if link["acked"] >= 0}
 
         def op(w):
             raw = w.meta(b"slots")
@@ -359,7 +378,10 @@ class ReplicationServer:
                 items = list(self._links.items())
             for sid, link in items:
                 acked = link["acked"]
-                lag_msgs, lag_s = _lag(r, acked, head, msgs)
+                if acked < 0:         # bootstrapping: it has nothing confirmed yet
+                    lag_msgs, lag_s = _stored_messages(r), 0.0
+                else:
+                    lag_msgs, lag_s = _lag(r, acked, head, msgs)
                 links.append(StandbyLink(sid, link.get("connected", False), acked, head - acked,
                                          lag_msgs, lag_s))
         worst = max(links, key=lambda link: link.lag_changes, default=None)
@@ -382,6 +404,16 @@ class ReplicationServer:
             self._new_commit.notify_all()
 
 
+def _stored_messages(r) -> int:
+    """Messages stored and not acked, over every queue (what a new standby still lacks)."""
+    total = 0
+    for config in r.queues().values():
+        for p in range(config["partitions"]):
+            ack = r.ack_state(config["qid"], p)
+            total += r.head(config["qid"], p) - ack.floor - len(ack.above)
+    return total
+
+
 def _u64(raw: bytes | None) -> int:
     return 0 if raw is None else unpack_u64(raw)
 
@@ -397,6 +429,31 @@ def _lag(r, acked: int, head: int, msgs_total: int) -> tuple[int, float]:
     appended = sum(len(c[4]) for c in changes if c[0] == "append")
     lag_msgs = msgs_total - (first_msgs - appended)
     return lag_msgs, max(0.0, (time.time_ns() - first_time) / 1e9)
+
+
+def stored_slots_status(store, role: str) -> ReplicationStatus:
+    """Replication status as any process can read it from the store: the standbys' positions
+    the serving primary last stored (every 0.5 s) against the change log. Used by `partq dr
+    status` and the scaling procedure's DR wait, which run outside the primary process."""
+    with store.read() as r:
+        raw = r.meta(b"slots")
+        slots = msgpack.unpackb(raw, raw=False) if raw else {}
+        head = _u64(r.meta(b"lsn"))
+        msgs = _u64(r.meta(b"msgs_total"))
+        applied = _u64(r.meta(b"applied_lsn"))
+        links = []
+        for sid, acked in slots.items():
+            lag_msgs, lag_s = _lag(r, acked, head, msgs)
+            links.append(StandbyLink(sid, False, acked, head - acked, lag_msgs, lag_s))
+    worst = max(links, key=lambda link: link.lag_changes, default=None)
+    if role == "standby":
+        return ReplicationStatus(role=role, mode=None, connected=False, head_lsn=applied,
+                                 applied_lsn=applied, lag_messages=0, lag_seconds=0.0)
+    return ReplicationStatus(
+        role=role, mode=None, connected=False, head_lsn=head,
+        applied_lsn=min((link.acked_lsn for link in links), default=head),
+        lag_messages=worst.lag_messages if worst else 0,
+        lag_seconds=worst.lag_seconds if worst else 0.0, standbys=links)
 
 
 # ---------------------------------------------------------------------- standby
@@ -427,6 +484,11 @@ class StandbyFollower:
         store.write(lambda w: w.put_local_meta(b"standby_id", sid.encode()))
         return sid
 
+    def _timeline(self) -> str | None:
+        with self.broker._store.read() as r:
+            raw = r.meta(b"timeline")
+        return None if raw is None else raw.decode()
+
     def _applied(self) -> int | None:
         with self.broker._store.read() as r:
             raw = r.meta(b"applied_lsn")
@@ -447,7 +509,7 @@ class StandbyFollower:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock.settimeout(HEARTBEAT * 10)
                 send_frame(sock, {"type": "hello", "standby_id": self._standby_id(),
-                                  "applied_lsn": self._applied()})
+                                  "applied_lsn": self._applied(), "timeline": self._timeline()})
                 self.connected = True
                 backoff = 0.05
                 self._follow(sock)
@@ -498,7 +560,7 @@ class StandbyFollower:
                 os.fsync(f.fileno())
             if crc != frame["crc"] or size != header["size"]:
                 raise FrameError("snapshot failed its checksum")
-            self.broker._replace_store(path, header["lsn"])
+            self.broker._install_snapshot(tmp, header["lsn"])
             log.info("standby loaded a %d-byte snapshot at LSN %d", size, header["lsn"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -112,26 +112,29 @@ class GroupCommitWriter:
                 for item in batch:
                     self._commit([item])
             return
-        results, lsn = results
+        results, lsn, replicated = results
         if crashpoints.ENABLED:
             crashpoints.hit("after_commit_before_return")
         self.commits += 1
         self.ops += len(batch)
-        gate = self.sync_gate
-        if lsn and gate is not None:
+        if lsn:
             self.last_lsn = lsn
-            gate.hold(lsn, batch, results)
-        else:
-            if lsn:
-                self.last_lsn = lsn
-            for pending, result in zip(batch, results):
+        gate = self.sync_gate
+        held = []
+        for pending, result, wrote in zip(batch, results, replicated):
+            if wrote and gate is not None:
+                held.append((pending, result))
+            else:
                 pending._resolve(result)
+        if held:
+            gate.hold(lsn, [p for p, _ in held], [r for _, r in held])
         for fn in self._listeners:
             fn()
 
-    def _run_batch(self, batch) -> tuple[list, int]:
-        """Run the batch in one transaction; return the results and the commit's LSN (0 when
-        no standby slot exists, so nothing went to the change log)."""
+    def _run_batch(self, batch) -> tuple[list, int, list[bool]]:
+        """Run the batch in one transaction; return the results, the commit's LSN (0 when no
+        standby slot exists, so nothing went to the change log) and, per operation, whether it
+        wrote replicated changes (only those wait for a sync-mode standby)."""
         store = self._store
         gate = store._gate
         meta = store.dbs["meta"]
@@ -143,12 +146,16 @@ class GroupCommitWriter:
                 try:
                     replicating = txn.get(b"slots", db=meta) is not None
                     writer = Writer(store, txn, replicating)
-                    results = [pending.op(writer) for pending in batch]
+                    results, replicated = [], []
+                    for pending in batch:
+                        before = len(writer.changes)
+                        results.append(pending.op(writer))
+                        replicated.append(len(writer.changes) > before)
                     lsn = writer.finish(changes_db) if writer.changes or writer.appended else 0
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()
-                    return results, lsn
+                    return results, lsn, replicated
                 except BaseException:
                     txn.abort()
                     raise

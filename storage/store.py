@@ -161,8 +161,15 @@ class Store:
     def _open_dbs(self) -> dict[str, object]:
         env = self.env
         try:
-            with env.begin() as txn:
-                main_keys = [k for k, _ in txn.cursor()]
+            self._gate.enter()
+            try:
+                txn = self._begin(write=False)
+                try:
+                    main_keys = [k for k, _ in txn.cursor()]
+                finally:
+                    txn.abort()
+            finally:
+                self._gate.leave()
         except lmdb.Error as exc:
             raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         if main_keys and b"meta" not in main_keys:
@@ -191,7 +198,7 @@ class Store:
         """A raw write transaction outside the group-commit thread (open-time use only)."""
         self._gate.enter()
         try:
-            with self.env.begin(write=True) as txn:
+            with self._begin(write=True) as txn:
                 yield txn
         finally:
             self._gate.leave()

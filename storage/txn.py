@@ -195,6 +195,23 @@ class Writer(Reader):
         self._txn.put(pack_u64(qid), blob, db=self._dbs["state"])
         self._change("put_state", qid, blob)
 
+    def load_snapshot(self, src_txn, src_dbs: dict, keep_meta: dict[bytes, bytes | None]) -> None:
+        """Make this store a copy of a snapshot (a DR-standby bootstrapping), in this one
+        transaction: every database is emptied and refilled from ``src_txn``; then the local meta
+        keys in ``keep_meta`` are set (or deleted where the value is None). A crash before the
+        commit leaves the store as it was."""
+        for name, db in self._dbs.items():
+            self._txn.drop(db, delete=False)
+            src = src_dbs.get(name)
+            if src is not None and name not in ("changes", "staging"):
+                self._txn.cursor(db=db).putmulti(src_txn.cursor(db=src).iternext(), append=True)
+        meta = self._dbs["meta"]
+        for key, value in keep_meta.items():
+            if value is None:
+                self._txn.delete(key, db=meta)
+            else:
+                self._txn.put(key, value, db=meta)
+
     def stage(self, prefix: bytes, start: int, rows: list[bytes]) -> None:
         """Stage rows under ``prefix`` with indexes start, start+1, ... (not replicated: staged
         rows become messages, and replicated, only when published)."""
