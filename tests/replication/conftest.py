@@ -1,0 +1,36 @@
+"""Fixtures for the replication tests: started processes are SIGKILLed at teardown, whatever
+happened, so no primary or standby outlives its test."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# the helpers and process scripts live next to this file; make them importable whatever
+# pytest's import mode (importlib mode does not put test folders on sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repl_helpers import Proc  # noqa: E402
+
+
+class Procs:
+    def __init__(self, workdir) -> None:
+        self.workdir = workdir
+        self.started: list[Proc] = []
+
+    def start(self, name: str, script: str, *args) -> Proc:
+        proc = Proc(self.workdir, name, script, *args)
+        self.started.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            proc.kill()
+
+
+@pytest.fixture
+def procs(tmp_path):
+    p = Procs(tmp_path)
+    yield p
+    p.kill_all()
