@@ -29,7 +29,7 @@ DURABILITY_MODES = ("sync", "async")
 DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
-_LMDB_FILES = {"data.mdb", "lock.mdb", "delivery-locks"}
+_PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}   # what partq itself puts in a store directory
 
 _registry: dict[str, "Store"] = {}
 _registry_lock = threading.Lock()
@@ -343,6 +343,6 @@ def _prepare_directory(path: str, create: bool) -> None:
     entries = set(os.listdir(path))
     if "data.mdb" not in entries and not create:
         raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
-    if "data.mdb" not in entries and entries - _LMDB_FILES:
+    if "data.mdb" not in entries and entries - _PARTQ_FILES:
         raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
                              f"directory")
