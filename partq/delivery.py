@@ -265,20 +265,25 @@ class QueueDelivery:
                 actions += self.core.acked(p, self._outstanding(p), now)
         return ops + self._run(actions, now)
 
-    def nack(self, flow, msg: Message) -> None:
+    def nack(self, flow, msg: Message, now: float) -> list:
         """Give ``msg`` back: it and every later in-flight message of its partition are delivered
-        again, in order, marked redelivered (S3 holds across nacks)."""
+        again, in order, marked redelivered (S3 holds across nacks). A nack during a handoff
+        counts like an ack towards it: the old flow no longer holds the message. Returns the
+        writes to submit."""
         if msg.queue != self.name or msg.partition >= len(self.parts):
             raise InvalidAck(f"message of {msg.queue!r} partition {msg.partition} is not from this flow")
         ps = self.parts[msg.partition]
         if ps.inflight.get(msg.seq) != flow.flow_id:
-            return
+            return []
         for seq in sorted(s for s in ps.inflight if s >= msg.seq):
             fid = ps.inflight.pop(seq)
             if fid in self.flows:
                 self.flows[fid]._inflight -= 1
         ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
         ps.next = min(ps.next, msg.seq)
+        if msg.partition in self.core.handoffs:
+            return self._run(self.core.acked(msg.partition, self._outstanding(msg.partition), now), now)
+        return []
 
     def check_flow(self, flow) -> None:
         if flow._closed:

@@ -135,9 +135,10 @@ class Flow:
 
     def nack(self, msg: Message) -> None:
         """Return ``msg`` for redelivery (with every later unacked message of its partition)."""
-        with self._broker._lock:
-            self._qd.nack(self, msg)
-        self._broker._wake_receivers()
+        broker = self._broker
+        with broker._lock:
+            fut = broker._submit(self._qd.nack(self, msg, broker.clock.now()))
+        broker._wait(fut)
 
     def unbind(self) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked

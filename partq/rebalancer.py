@@ -132,7 +132,7 @@ class Rebalancer:
              hint: Iterable[int] | None = None) -> list[Action]:
         """A consumer binds. A named consumer, or one presenting its previous partition set, that
         finds its ghost during the delay takes the ghost's partitions back unchanged (S15, S17)."""
-        out: list[Action] = []
+        out: list[Action] = self.tick(now)   # a delay that ended before this bind has ended (S16)
         ghost = self._matching_ghost(name, None if hint is None else set(hint))
         if ghost is not None:
             del self.flows[ghost.flow_id]
@@ -155,19 +155,24 @@ class Rebalancer:
         info = self.flows.get(flow_id)
         if info is None or not info.bound:
             return []
-        out: list[Action] = []
-        # Handoffs into this flow go back to their sources; handoffs out of it complete now,
-        # since a flow that is gone has nothing left to acknowledge.
+        out: list[Action] = self.tick(now)
+        excess = len(self.bound_flows()) > self.n   # S7: are there excess consumers?
+        # Handoffs into this flow go back to their sources (and are planned again below);
+        # handoffs out of it complete now, since a flow that is gone has nothing to acknowledge.
+        replan = False
         for p, h in sorted(self.handoffs.items()):
             if h.target == flow_id:
                 del self.handoffs[p]
                 out.append(Resume(p))
+                replan = True
             elif h.source == flow_id:
                 out += self._complete_handoff(p)
         if not info.partitions:
             del self.flows[flow_id]
+            if replan and self.holddown_deadline is None:
+                out += self._start_moves(now)
             return out + self._settle_or_run(now)
-        standby = self._first_standby(exclude=flow_id)
+        standby = self._first_standby(exclude=flow_id) if excess else None
         if standby is not None:
             del self.flows[flow_id]
             for p in sorted(info.partitions):
@@ -325,10 +330,11 @@ class Rebalancer:
                    for f in flows}
         moves = []
         while True:
-            donor = max(counts, key=lambda f: (counts[f], order[f]))
             recipient = min(counts, key=lambda f: (counts[f], order[f]))
-            if counts[donor] - counts[recipient] <= 1 or not movable[donor]:
+            donors = [f for f in counts if movable[f] and counts[f] - counts[recipient] > 1]
+            if not donors:      # balanced, or every surplus partition is already moving
                 return moves
+            donor = max(donors, key=lambda f: (counts[f], order[f]))
             p = movable[donor].pop()
             moves.append((p, donor, recipient))
             counts[donor] -= 1
@@ -344,6 +350,11 @@ class Rebalancer:
                 out.append(Assign(p, None))
             del self.flows[f.flow_id]
         out += self._assign_unowned(now)
+        return out + self._start_moves(now)
+
+    def _start_moves(self, now: float) -> list[Action]:
+        """Start a handoff (or, with no handoff time, an immediate move) per planned move."""
+        out: list[Action] = []
         for p, donor, recipient in self._plan_moves():
             if self.max_handoff_time <= 0:
                 out += self._move(p, donor, recipient)

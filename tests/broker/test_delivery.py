@@ -1,0 +1,344 @@
+"""Delivery through the Broker on real LMDB directories: order (S3), the unacked bound (S14), nack,
+durable acks across a restart (S25), and the process model (publish from another process; one
+delivery owner per queue)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import partq
+
+DELAY = 5.0
+HANDOFF = 3.0
+
+
+# ---------------------------------------------------------------------- helpers
+def drain(flow, max_rounds: int = 100, ack: bool = True, batch: int = 1000) -> list:
+    out = []
+    for _ in range(max_rounds):
+        got = flow.receive(batch)
+        if not got:
+            break
+        out += got
+        if ack:
+            flow.ack_many(got)
+    return out
+
+
+def keys_for_partitions(n: int, count_per_partition: int = 1) -> dict[int, list[str]]:
+    """Key strings landing in each partition under S1 (crc32c % n)."""
+    found: dict[int, list[str]] = {p: [] for p in range(n)}
+    i = 0
+    while any(len(v) < count_per_partition for v in found.values()):
+        k = f"k{i}"
+        p = partq.key_partition(k, n)
+        if len(found[p]) < count_per_partition:
+            found[p].append(k)
+        i += 1
+    return found
+
+
+def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------- order
+def test_message_fields(broker, clock):
+    broker.create_queue("q", partitions=3)
+    res = broker.publish("q", b"hello", key="customer-42", headers={"h": 1})
+    assert res.partition == partq.key_partition("customer-42", 3)
+    flow = broker.bind("q")
+    (m,) = flow.receive(10)
+    assert (m.queue, m.partition, m.seq, m.key, m.payload, m.headers) == \
+        ("q", res.partition, res.seq, "customer-42", b"hello", {"h": 1})
+    assert m.publish_time_ns == int(clock.now() * 1e9)
+    assert m.redelivered is False
+
+
+def test_per_partition_order(broker):
+    broker.create_queue("q", partitions=4)
+    broker_pub = []
+    for i in range(200):
+        r = broker.publish("q", b"%d" % i)            # unkeyed: random partitions
+        broker_pub.append((r.partition, r.seq, i))
+    broker.publish_many("q", [b"%d" % i for i in range(200, 300)])
+    flow = broker.bind("q")
+    got = []
+    while True:
+        batch = flow.receive(7)                        # small batches interleave partitions
+        if not batch:
+            break
+        got += batch
+        flow.ack_many(batch)
+    assert len(got) == 300
+    assert len({(m.partition, m.seq) for m in got}) == 300
+    for p in range(4):
+        seqs = [m.seq for m in got if m.partition == p]
+        assert seqs == sorted(seqs)
+        payload_order = [int(m.payload) for m in got if m.partition == p]
+        assert payload_order == sorted(payload_order)
+    for part, seq, i in broker_pub:
+        assert any(m.partition == part and m.seq == seq and int(m.payload) == i for m in got)
+
+
+def test_per_key_order_many_keys_two_flows(broker, clock):
+    broker.create_queue("q", partitions=5, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    a = broker.bind("q")
+    b = broker.bind("q")
+    clock.advance(DELAY)
+    broker.tick()
+    keys = [f"cust-{i}" for i in range(13)]
+    items = [(b"%d" % i, keys[i % 13]) for i in range(390)]
+    broker.publish_many("q", items[:200])
+    for payload, key in items[200:]:
+        broker.publish("q", payload, key=key)
+    seen: dict[str, list[int]] = {}
+    for flow in (a, b):
+        for m in drain(flow, batch=11):
+            assert m.partition in flow.partitions
+            assert m.partition == partq.key_partition(m.key, 5)
+            seen.setdefault(m.key, []).append(int(m.payload))
+    assert sum(len(v) for v in seen.values()) == 390
+    for key, order in seen.items():
+        assert order == sorted(order), key
+
+
+# ---------------------------------------------------------------------- S14
+def test_max_delivered_unacked_per_flow(broker):
+    broker.create_queue("q", partitions=3, max_delivered_unacked_per_flow=4)
+    for i in range(30):
+        broker.publish("q", b"%d" % i, key=f"k{i}")
+    flow = broker.bind("q")
+    first = flow.receive(100)
+    assert len(first) == 4
+    assert flow.receive(100) == []
+    t0 = time.monotonic()
+    assert flow.receive(100, timeout=0.2) == []        # blocks for the timeout, then nothing
+    assert time.monotonic() - t0 >= 0.15
+    flow.ack(first[0])
+    nxt = flow.receive(100)
+    assert len(nxt) == 1
+    flow.ack_many(first[1:3])
+    assert len(flow.receive(100)) == 2
+    assert flow.receive(100) == []
+    # Nack gives room back: the nacked message (and later ones of its partition) come back.
+    held = first[3:] + nxt
+    assert flow.unacked == 4
+    flow.nack(held[0])
+    again = flow.receive(100)
+    assert again and all(m.redelivered for m in again)
+    assert flow.unacked <= 4
+    assert (again[0].partition, again[0].seq) == (held[0].partition, held[0].seq)
+
+
+def test_unacked_bound_is_never_exceeded(broker):
+    broker.create_queue("q", partitions=4, max_delivered_unacked_per_flow=5)
+    broker.publish_many("q", [(b"%d" % i, f"k{i % 9}") for i in range(100)])
+    flow = broker.bind("q")
+    holding = []
+    delivered = set()
+    for step in range(200):
+        got = flow.receive(3)
+        holding += got
+        assert len(holding) <= 5
+        assert flow.unacked == len(holding)
+        delivered |= {(m.partition, m.seq) for m in got}
+        if holding and (step % 2 == 0 or not got):
+            flow.ack_many(holding[:2])
+            holding = holding[2:]
+        if len(delivered) == 100 and not holding:
+            break
+    assert len(delivered) == 100
+
+
+# ---------------------------------------------------------------------- nack
+def test_nack_redelivers_in_order_marked(broker):
+    broker.create_queue("q", partitions=2)
+    key = keys_for_partitions(2)[1][0]
+    for i in range(6):
+        broker.publish("q", b"%d" % i, key=key)
+    flow = broker.bind("q")
+    got = flow.receive(100)
+    assert [m.payload for m in got] == [b"%d" % i for i in range(6)]
+    assert not any(m.redelivered for m in got)
+    flow.ack(got[0])
+    flow.nack(got[2])                                  # 2 and every later one come back
+    again = flow.receive(100)
+    assert [m.payload for m in again] == [b"2", b"3", b"4", b"5"]
+    assert all(m.redelivered for m in again)
+    # A new message after the redeliveries is not marked.
+    broker.publish("q", b"6", key=key)
+    (new,) = flow.receive(100)
+    assert new.payload == b"6" and not new.redelivered
+    flow.ack_many([got[1]] + again + [new])
+    assert broker.queue_status("q").depth == 0
+    assert flow.receive(100) == []
+
+
+def test_nack_other_partition_unaffected(broker):
+    broker.create_queue("q", partitions=2)
+    keys = keys_for_partitions(2)
+    for i in range(3):
+        broker.publish("q", b"a%d" % i, key=keys[0][0])
+        broker.publish("q", b"b%d" % i, key=keys[1][0])
+    flow = broker.bind("q")
+    got = flow.receive(100)
+    p0 = [m for m in got if m.partition == 0]
+    flow.nack(p0[0])
+    again = flow.receive(100)
+    assert [m.payload for m in again] == [b"a0", b"a1", b"a2"]
+    assert all(m.redelivered for m in again)
+
+
+# ---------------------------------------------------------------------- durability (S25)
+def test_acks_are_durable_across_restart(open_broker, clock):
+    b = open_broker()
+    b.create_queue("q", partitions=3, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    b.publish_many("q", [(b"%d" % i, f"k{i % 5}") for i in range(60)])
+    flow = b.bind("q")
+    got = flow.receive(100)
+    assert len(got) == 60
+    acked = got[::3]
+    flow.ack_many(acked)
+    flow.ack(got[1])
+    acked.append(got[1])
+    unacked = [m for m in got if m not in acked]
+    # A few never-delivered messages.
+    b.publish_many("q", [(b"late%d" % i, f"k{i % 5}") for i in range(9)])
+    b.close()
+
+    b = open_broker()
+    assert b.queue_status("q").depth == len(unacked) + 9
+    flow = b.bind("q")                 # unnamed: a new consumer, partitions after the delay
+    clock.advance(DELAY)
+    b.tick()
+    assert flow.partitions == frozenset(range(3))
+    again = drain(flow, ack=False)
+    ids = [(m.partition, m.seq) for m in again]
+    assert len(ids) == len(set(ids))
+    assert not set(ids) & {(m.partition, m.seq) for m in acked}, "acked messages came back"
+    old = [m for m in again if not m.payload.startswith(b"late")]
+    assert sorted((m.partition, m.seq) for m in old) == sorted((m.partition, m.seq) for m in unacked)
+    assert all(m.redelivered for m in old)
+    assert len(again) == len(unacked) + 9
+    for p in range(3):
+        seqs = [m.seq for m in again if m.partition == p]
+        assert seqs == sorted(seqs)
+    flow.ack_many(again)
+    b.close()
+    b = open_broker()
+    assert b.queue_status("q").depth == 0
+    f = b.bind("q")
+    clock.advance(DELAY)
+    b.tick()
+    assert f.receive(100) == []
+
+
+def test_ack_of_message_from_before_restart_through_new_flow(open_broker, clock):
+    b = open_broker()
+    b.create_queue("q", partitions=1, rebalance_delay=DELAY)
+    b.publish("q", b"x")
+    f = b.bind("q", name="n")
+    (m,) = f.receive(10)
+    b.close()
+    b = open_broker()
+    f2 = b.bind("q", name="n")
+    f2.ack(m)                           # the old Message object is still a valid ack handle
+    assert f2.receive(10) == []
+    assert b.queue_status("q").depth == 0
+
+
+# ---------------------------------------------------------------------- process model
+PUBLISHER = """
+    import sys, time, partq
+    time.sleep(float(sys.argv[2]))
+    with partq.Broker.open(sys.argv[1]) as b:
+        r = b.publish("q", b"from-child", key="k")
+        print(r.partition, r.seq)
+"""
+
+
+def test_publish_in_other_process_wakes_blocking_receive(broker, data_dir):
+    broker.create_queue("q", partitions=2)
+    flow = broker.bind("q")
+    assert flow.receive(10) == []
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PUBLISHER), str(data_dir), "0.5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        got = flow.receive(10, timeout=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        out, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert [m.payload for m in got] == [b"from-child"]
+    assert elapsed < 4.5
+    part, seq = map(int, out.split())
+    assert (got[0].partition, got[0].seq) == (part, seq)
+    flow.ack(got[0])
+
+
+BINDER = """
+    import sys, partq
+    b = partq.Broker.open(sys.argv[1])
+    try:
+        b.bind("q")
+    except partq.DeliveryLocked as exc:
+        print("LOCKED", exc)
+    else:
+        print("BOUND")
+    finally:
+        b.close()
+"""
+
+
+def test_second_process_binding_gets_delivery_locked(broker, data_dir):
+    broker.create_queue("q", partitions=2)
+    broker.publish("q", b"x")
+    broker.bind("q")
+    res = run_py(BINDER, str(data_dir))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("LOCKED"), res.stdout
+    assert f"pid {os.getpid()}" in res.stdout
+    assert broker.queue_status("q").delivery_owner.startswith(f"pid {os.getpid()} ")
+    # Publishing from the other process is still allowed while this one delivers.
+    res = run_py(PUBLISHER, str(data_dir), "0")
+    assert res.returncode == 0, res.stderr
+    # Once this broker closes, the other process can take delivery over.
+    broker.close()
+    res = run_py(BINDER, str(data_dir))
+    assert res.stdout.startswith("BOUND"), res.stdout + res.stderr
+
+
+def test_second_broker_in_same_process_gets_delivery_locked(broker, data_dir, clock):
+    broker.create_queue("q", partitions=2)
+    broker.bind("q")
+    other = partq.Broker.open(data_dir, clock=clock)
+    try:
+        with pytest.raises(partq.DeliveryLocked, match=f"pid {os.getpid()}"):
+            other.bind("q")
+        # The failed bind left no half-open delivery behind: publishing still works.
+        other.publish("q", b"y")
+    finally:
+        other.close()
+
+
+def test_named_flow_twice_is_refused(broker):
+    broker.create_queue("q", partitions=2)
+    broker.bind("q", name="dup")
+    with pytest.raises(partq.InvalidConfig):
+        broker.bind("q", name="dup")
+
+
+def test_receive_on_unbound_flow_raises(broker):
+    broker.create_queue("q", partitions=2)
+    f = broker.bind("q")
+    f.unbind()
+    with pytest.raises(partq.FlowClosed):
+        f.receive(1)
