@@ -383,14 +383,18 @@ class Broker:
             return p
         return choose
 
-    def _publish_op(self, queue: str, items: list[tuple[str | None, bytes]], single: bool):
+    def _publish_op(self, queue: str, items: list[tuple[str | None, bytes]], single: bool,
+                    results: bool = True):
         """The write that places records: partitions are chosen inside the transaction, from the
-        partition count it sees, so a concurrent scale from another process cannot misplace."""
+        partition count it sees, so a concurrent scale from another process cannot misplace.
+        With ``results=False`` (bulk callers that discard them) it returns (published,
+        discarded) counts instead of one PublishResult per record."""
 
         def op(w):
             config = self._config_in(w, queue)
             if not config.ingress_enabled:
-                return _refuse_ingress(w, config, len(items), single)
+                refused = _refuse_ingress(w, config, len(items), single)
+                return refused if results else (0, len(items))
             n, qid = config.partitions, config.qid
             choose = None
             if single:
@@ -416,6 +420,8 @@ class Broker:
                 firsts[p] = w.append(qid, p, recs)
                 if crashpoints.ENABLED and len(firsts) == 1 and len(buckets) > 1:
                     crashpoints.hit("mid_batch")
+            if not results:
+                return len(items), 0
             return [PublishResult(p, firsts[p] + i) for p, i in placed]
         return op
 

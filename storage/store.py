@@ -263,6 +263,18 @@ class Store:
             used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
         return used * psize < limit
 
+    def reserve(self, nbytes: int) -> None:
+        """Grow the map ahead of one large write (it is address space, not disk), so the group
+        commit does not run the write, hit MapFull, grow and run it all again."""
+        self._check_usable()
+        psize = self.env.stat()["psize"]
+        while True:
+            info = self.env.info()
+            free = info["map_size"] - (info["last_pgno"] + 1) * psize
+            if free >= nbytes or info["map_size"] >= self.max_map_size:
+                return
+            self.grow_map()
+
     def grow_map(self) -> None:
         """Double the map (called by the writer after MapFull). Raises StorageFull at the limit."""
         current = self.env.info()["map_size"]

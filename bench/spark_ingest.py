@@ -1,0 +1,124 @@
+"""Spark ingestion throughput: ``df.write.format("partq")`` beside ``Broker.publish_many``.
+
+Writes N keyed rows of 256-byte payloads (default 1,000,000) with Spark in local[2] mode through
+the "partq" data source (stage per task attempt, one commit per job, S28), and the same rows from
+one Python process with ``publish_many`` in batches of 1000, each into a fresh partq directory.
+Prints one JSON object per line::
+
+    {"name": "spark_ingest_keyed_256B", "unit": "rows/s", "value": ..., "peer":
+     "publish_many_batch1000", "peer_value": ..., "ratio": value / peer_value}
+
+The Spark figure is the wall time of ``save()`` after a warm-up job (JVM and Python workers
+already started): row generation in the JVM, Arrow transfer, encoding and staging in the tasks,
+and the driver's commit. The peer's rows are generated before its clock starts.
+
+    python bench/spark_ingest.py [--rows N] [--quick] [--partitions P] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import partq
+
+QUEUE = "ingest"
+PAYLOAD_BYTES = 256
+KEYS = 10_000
+PEER_BATCH = 1000
+
+
+def spark_session(master: str):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(master).appName("partq-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "2g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def frame(spark, rows: int, tasks: int):
+    """Row i: key ``customer-{i % KEYS}``, payload the 64 hex digits of sha256(str(i)), four
+    times (256 bytes); ``python_rows`` builds the same rows."""
+    from pyspark.sql import functions as F
+    return (spark.range(0, rows, 1, tasks)
+            .select(F.concat(F.lit("customer-"), (F.col("id") % KEYS).cast("string")).alias("key"),
+                    F.repeat(F.sha2(F.col("id").cast("string"), 256), 4).cast("binary").alias("body")))
+
+
+def python_rows(rows: int) -> list[tuple[bytes, str]]:
+    return [((hashlib.sha256(str(i).encode()).hexdigest() * 4).encode(), f"customer-{i % KEYS}")
+            for i in range(rows)]
+
+
+def spark_write(spark, df, path: str, partitions: int) -> None:
+    (df.write.format("partq").option("path", path).option("queue", QUEUE)
+       .option("partitions", str(partitions)).option("keyColumn", "key")
+       .option("payloadColumn", "body").mode("append").save())
+
+
+def depth(path: str) -> int:
+    with partq.Broker.open(path, auto_tick=False) as broker:
+        return broker.queue_status(QUEUE).depth
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help="20,000 rows (a smoke run)")
+    parser.add_argument("--partitions", type=int, default=8, help="queue partitions")
+    parser.add_argument("--tasks", type=int, default=2, help="Spark partitions of the DataFrame")
+    parser.add_argument("--keep", metavar="DIR", help="write under DIR and keep it")
+    args = parser.parse_args(argv)
+    rows = 20_000 if args.quick else args.rows
+
+    base = args.keep or tempfile.mkdtemp(prefix="partq-spark-bench-")
+    os.makedirs(base, exist_ok=True)
+    try:
+        from partq.spark import register
+        spark = spark_session("local[2]")
+        register(spark)
+        spark_write(spark, frame(spark, 1000, args.tasks), os.path.join(base, "warmup"), args.partitions)
+
+        spark_path = os.path.join(base, "spark")
+        df = frame(spark, rows, args.tasks)
+        start = time.perf_counter()
+        spark_write(spark, df, spark_path, args.partitions)
+        spark_seconds = time.perf_counter() - start
+        spark.stop()
+        if depth(spark_path) != rows:
+            raise SystemExit(f"spark wrote {depth(spark_path)} rows, expected {rows}")
+
+        peer_path = os.path.join(base, "publish_many")
+        items = python_rows(rows)
+        with partq.Broker.open(peer_path, auto_tick=False) as broker:
+            broker.create_queue(QUEUE, partitions=args.partitions)
+            start = time.perf_counter()
+            for i in range(0, rows, PEER_BATCH):
+                broker.publish_many(QUEUE, items[i:i + PEER_BATCH])
+            peer_seconds = time.perf_counter() - start
+        if depth(peer_path) != rows:
+            raise SystemExit(f"publish_many wrote {depth(peer_path)} rows, expected {rows}")
+
+        value, peer_value = rows / spark_seconds, rows / peer_seconds
+        print(json.dumps({"name": f"spark_ingest_keyed_{PAYLOAD_BYTES}B", "unit": "rows/s",
+                          "value": round(value, 1), "peer": f"publish_many_batch{PEER_BATCH}",
+                          "peer_value": round(peer_value, 1), "ratio": round(value / peer_value, 3)}),
+              flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
