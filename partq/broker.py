@@ -26,14 +26,15 @@ from partq.delivery_lock import DeliveryLock, queue_holder
 from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
                           QueueNotFound, StandbyReadOnly)
 from partq.flow import Flow
-from partq.hashing import key_partition
+from partq.hashing import crc32c_of
 from partq.load import LoadSampler
 from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.storage import Store, crashpoints, encode_record
-from partq.storage.encoding import decode_meta, pack_u64, unpack_u64
+from partq.storage import Store, crashpoints
+from partq.storage.encoding import _CRC, check_headers, decode_meta, pack_u64, unpack_u64
+from partq.storage.encoding import _packer as _record_packer
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 log = logging.getLogger("partq.broker")
@@ -272,8 +273,8 @@ class Broker:
         process share commits. A keyed message goes to ``crc32c(key) % partitions`` (S1)."""
         self._check_writable()
         config = self._publish_config(queue)
-        record = self._encode(config, payload, key, headers)
-        return self._store.write(self._publish_op(queue, [(key, record)], single=True))
+        encoded = self._encode_batch(config, ((payload, key, headers),), self.clock.wall_ns())
+        return self._store.write(self._publish_op(queue, encoded, single=True))
 
     def publish_many(self, queue: str, items: Iterable,
                      checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
@@ -286,15 +287,8 @@ class Broker:
         """
         self._check_writable()
         config = self._publish_config(queue)
-        encoded = []
-        encode = self._encode
-        for item in items:
-            if isinstance(item, tuple):
-                n = len(item)
-                key = item[1] if n > 1 else None
-                encoded.append((key, encode(config, item[0], key, item[2] if n > 2 else None)))
-            else:
-                encoded.append((None, encode(config, item, None, None)))
+        # one commit, one publish time
+        encoded = self._encode_batch(config, items, self.clock.wall_ns())
         if not encoded and checkpoint is None:
             return []
         publish = self._publish_op(queue, encoded, single=False)
@@ -326,28 +320,65 @@ class Broker:
             config = self._configs[queue] = self.queue_config(queue)
         return config
 
-    def _encode(self, config: QueueConfig, payload, key, headers) -> bytes:
-        if not isinstance(payload, bytes):
-            if isinstance(payload, (bytearray, memoryview)):
-                payload = bytes(payload)
+    def _encode(self, config: QueueConfig, payload, key, headers, now: int) -> tuple[int | None, bytes]:
+        """One message as ``_encode_batch`` makes it (for staging)."""
+        return self._encode_batch(config, ((payload, key, headers),), now)[0]
+
+    @staticmethod
+    def _encode_batch(config: QueueConfig, items: Iterable, now: int) -> list[tuple[int | None, bytes]]:
+        """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
+        ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
+        the caller's thread; the write transaction only takes them modulo the partition count it
+        sees (S1). The record layout is ``storage.encoding``'s; this loop is the hot path of
+        publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
+        max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
+        pack, crc, crc_pack = _record_packer.pack, crc32c_of, _CRC.pack
+        out = []
+        append = out.append
+        for item in items:
+            key = headers = None
+            if type(item) is tuple:
+                n = len(item)
+                if not 1 <= n <= 3:
+                    raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
+                                         f"(payload, key, headers), not a {n}-tuple")
+                payload = item[0]
+                if n > 1:
+                    key = item[1]
+                    if n > 2:
+                        headers = item[2]
             else:
-                raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
-        if len(payload) > config.max_message_size:
-            raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
-                                 f"{config.max_message_size} of queue {config.name!r}")
-        if key is not None:
-            if not isinstance(key, str):
-                raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
-            try:
-                size = len(key.encode())
-            except UnicodeEncodeError:
-                raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
-            if size > config.max_key_size:
-                raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
-        try:
-            return encode_record(self.clock.wall_ns(), key, headers, payload)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+                payload = item
+            if type(payload) is not bytes:
+                if not isinstance(payload, (bytearray, memoryview)):
+                    raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
+                payload = bytes(payload)
+            if len(payload) > max_size:
+                raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
+                                     f"{max_size} of queue {name!r}")
+            key_hash = None
+            if key is not None:
+                if type(key) is not str:
+                    raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
+                try:
+                    raw_key = key.encode()
+                except UnicodeEncodeError:
+                    raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
+                if len(raw_key) > max_key:
+                    raise InvalidMessage(f"key longer than max_key_size={max_key} bytes")
+                key_hash = crc(raw_key)
+            if headers is not None:
+                if type(headers) is not dict:
+                    raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
+                try:
+                    check_headers(headers)
+                    body = pack((now, key, headers, payload))
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+            else:
+                body = pack((now, key, None, payload))
+            append((key_hash, crc_pack(crc(body)) + body))
+        return out
 
     def _config_in(self, w, queue: str) -> QueueConfig:
         """The queue's config as of this transaction (another process may have changed it)."""
@@ -383,11 +414,11 @@ class Broker:
             return p
         return choose
 
-    def _publish_op(self, queue: str, items: list[tuple[str | None, bytes]], single: bool,
+    def _publish_op(self, queue: str, items: list[tuple[int | None, bytes]], single: bool,
                     results: bool = True):
         """The write that places records: partitions are chosen inside the transaction, from the
         partition count it sees, so a concurrent scale from another process cannot misplace.
-        With ``results=False`` (bulk callers that discard them) it returns (published,
+        ``items`` are (key hash or None, record) as ``_encode`` makes them. With ``results=False`` (bulk callers that discard them) it returns (published,
         discarded) counts instead of one PublishResult per record."""
 
         def op(w):
@@ -398,31 +429,37 @@ class Broker:
             n, qid = config.partitions, config.qid
             choose = None
             if single:
-                key, record = items[0]
-                p = key_partition(key, n) if key is not None else self._unkeyed_chooser(w, config)(len(record))
+                key_hash, record = items[0]
+                p = key_hash % n if key_hash is not None else self._unkeyed_chooser(w, config)(len(record))
                 return PublishResult(p, w.append(qid, p, [record]))
-            buckets: dict[int, list[bytes]] = {}
-            placed = []
-            for key, record in items:
-                if key is not None:
-                    p = key_partition(key, n)
-                else:
-                    if choose is None:
-                        choose = self._unkeyed_chooser(w, config)
-                    p = choose(len(record))
-                bucket = buckets.get(p)
-                if bucket is None:
-                    bucket = buckets[p] = []
-                placed.append((p, len(bucket)))
-                bucket.append(record)
-            firsts = {}
+            try:
+                ps = [key_hash % n for key_hash, _ in items]     # all keyed: the common case
+            except TypeError:
+                ps = []
+                for key_hash, record in items:
+                    if key_hash is not None:
+                        ps.append(key_hash % n)
+                    else:
+                        if choose is None:
+                            choose = self._unkeyed_chooser(w, config)
+                        ps.append(choose(len(record)))
+            buckets: dict[int, list[bytes]] = {p: [] for p in set(ps)}
+            for p, (_, record) in zip(ps, items):
+                buckets[p].append(record)
+            seqs = {}
             for p, recs in buckets.items():
-                firsts[p] = w.append(qid, p, recs)
-                if crashpoints.ENABLED and len(firsts) == 1 and len(buckets) > 1:
+                seqs[p] = w.append(qid, p, recs)
+                if crashpoints.ENABLED and len(seqs) == 1 and len(buckets) > 1:
                     crashpoints.hit("mid_batch")
             if not results:
                 return len(items), 0
-            return [PublishResult(p, firsts[p] + i) for p, i in placed]
+            out = []
+            new = tuple.__new__
+            for p in ps:        # each partition's seqs go up from its first, in batch order
+                seq = seqs[p]
+                seqs[p] = seq + 1
+                out.append(new(PublishResult, (p, seq, False)))
+            return out
         return op
 
     # ------------------------------------------------------------------ changing queues
@@ -670,6 +707,8 @@ class Broker:
         if self._closed:
             return
         self._closed = True
+        if self._store._pid != os.getpid():
+            return    # a forked child: the parent's locks, threads and environment are not ours
         if self._follower is not None:
             self._follower.close()
         if self._replication is not None:

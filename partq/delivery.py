@@ -158,31 +158,38 @@ class QueueDelivery:
         return [lambda w: w.put_state(qid, blob)]
 
     # ------------------------------------------------------------------ delivery
-    def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict[int, tuple]]:
-        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages and
-        the delivered marks, partition -> (old, new), that must be durable before they are handed
-        over (``undo_collect`` puts everything back if that commit fails)."""
+    def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict, dict]:
+        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages,
+        the delivered marks (partition -> (old, new)) that must be durable before they are handed
+        over, and the corrupt records a ``skip_corrupt`` flow stepped over (partition -> seqs),
+        which are acked in the same commit so the log keeps truncating. ``collect_ops`` makes
+        the writes; ``undo_collect`` puts the messages back if that commit fails."""
         if flow._pending_error is not None:
             err, flow._pending_error = flow._pending_error, None
             raise err
         if not self.config.egress_enabled:
-            return [], {}
+            return [], {}, {}
         want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow._inflight)
         if want <= 0:
-            return [], {}
+            return [], {}, {}
         core, fid, name, qid = self.core, flow.flow_id, self.name, self.qid
         owned = sorted(core.partitions_of(fid))
         if not owned:
-            return [], {}
+            return [], {}, {}
         flow._rr = (flow._rr + 1) % len(owned)
         out: list[Message] = []
         marks: dict[int, tuple[int, int]] = {}
+        skipped: dict[int, list[int]] = {}
         for p in owned[flow._rr:] + owned[:flow._rr]:
             if len(out) >= want:
                 break
             ps = self.parts[p]
-            if p in core.handoffs or ps.error is not None:
+            if p in core.handoffs:
                 continue
+            if ps.error is not None:
+                if not flow.skip_corrupt:
+                    continue
+                ps.error = None       # a flow told to skip takes over where delivery stopped
             while len(out) < want:
                 batch = reader.records(qid, p, ps.next, want - len(out) + 8)
                 if not batch:
@@ -197,7 +204,9 @@ class QueueDelivery:
                         rec = decode_record(raw, name, p, seq)
                     except CorruptRecord as exc:
                         if flow.skip_corrupt:
-                            log.error("skipping %s", exc)
+                            log.error("skipping (and acking) %s", exc)
+                            ps.ack.add([seq])
+                            skipped.setdefault(p, []).append(seq)
                             continue
                         ps.next = seq
                         ps.error = exc
@@ -218,7 +227,7 @@ class QueueDelivery:
         if not out and flow._pending_error is not None:
             err, flow._pending_error = flow._pending_error, None
             raise err
-        return out, marks
+        return out, marks, skipped
 
     def undo_collect(self, flow, msgs: list[Message], marks: dict[int, tuple]) -> None:
         """The delivered marks could not be made durable: put the messages back."""
@@ -230,9 +239,10 @@ class QueueDelivery:
                 flow._inflight -= 1
             ps.next = min(ps.next, m.seq)
 
-    def mark_ops(self, marks: dict[int, tuple]) -> list:
+    def collect_ops(self, marks: dict[int, tuple], skipped: dict[int, list[int]]) -> list:
         qid = self.qid
-        return [lambda w, p=p, m=new: w.set_delivered_mark(qid, p, m) for p, (_, new) in marks.items()]
+        return ([lambda w, p=p, m=new: w.set_delivered_mark(qid, p, m) for p, (_, new) in marks.items()]
+                + [lambda w, p=p, s=seqs: w.ack(qid, p, s) for p, seqs in skipped.items()])
 
     def ack(self, flow, msgs, now: float) -> list:
         """Apply acks in memory (from any flow of this queue: a late ack of a handed-off message

@@ -33,13 +33,19 @@ class DeliveryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, stamp.encode(), 0)
         self._fd = fd
+        self._pid = os.getpid()
 
     def release(self) -> None:
-        if self._fd is not None:
+        """Release the lock. In a forked child only its copy of the descriptor is closed: the
+        flock belongs to the open file description it shares with the parent, so unlocking
+        here would release the parent's lock."""
+        if self._fd is None:
+            return
+        if self._pid == os.getpid():
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        os.close(self._fd)
+        self._fd = None
 
 
 def holder(path: str) -> str | None:

@@ -84,8 +84,8 @@ class Flow:
                 qd.check_flow(self)
                 timer_fut = broker._submit(broker._due_timer_ops())
                 with broker._store.read() as r:
-                    msgs, marks = qd.collect(self, max_messages, r)
-                fut = broker._submit(qd.mark_ops(marks))
+                    msgs, marks, skipped = qd.collect(self, max_messages, r)
+                fut = broker._submit(qd.collect_ops(marks, skipped))
             broker._wait(timer_fut)
             if fut is not None:
                 try:

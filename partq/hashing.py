@@ -4,6 +4,7 @@ from __future__ import annotations
 import crc32c
 
 _crc = crc32c.crc32c
+crc32c_of = _crc     # the key hash of already-encoded key bytes: key_partition's numerator
 
 
 def key_partition(key: str, partition_count: int) -> int:

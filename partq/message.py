@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class PublishResult:
+class PublishResult(NamedTuple):
     """Where a publish landed: the partition (S1/S2) and its sequence in that partition's log.
     A publish discarded because the queue's ingress is disabled (S19) has ``discarded=True`` and
-    partition and seq -1."""
+    partition and seq -1. (A NamedTuple: a bulk publish builds one per message.)"""
     partition: int
     seq: int
     discarded: bool = False

@@ -38,6 +38,7 @@ from typing import Iterable
 import msgpack
 
 from partq.errors import CorruptStore, InvalidConfig, PartqError
+from partq.hashing import crc32c_of
 from partq.storage.encoding import decode_record, pack_u64
 
 __all__ = ["JobAborted", "JobFinished", "StagedRowsMismatch", "JobCommit", "StagedAttempt",
@@ -196,7 +197,8 @@ class Stager:
         self.rows = 0
 
     def add(self, payload, key: str | None = None, headers: dict | None = None) -> None:
-        record = self._broker._encode(self._config, payload, key, headers)
+        _, record = self._broker._encode(self._config, payload, key, headers,
+                                         self._broker.clock.wall_ns())
         self._keys.append(key)
         self._records.append(record)
         self._bytes += len(record)
@@ -319,8 +321,9 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable) -> JobCommit
                     break
                 keys, records = _decode_chunk(raw, where)
                 if keys:
-                    _, dropped = broker._publish_op(queue, list(zip(keys, records)), single=False,
-                                                    results=False)(w)
+                    hashed = [(None if k is None else crc32c_of(k.encode()), r)
+                              for k, r in zip(keys, records)]
+                    _, dropped = broker._publish_op(queue, hashed, single=False, results=False)(w)
                     discarded += dropped
                 n += len(keys)
                 number += 1

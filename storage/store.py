@@ -155,6 +155,14 @@ class Store:
                 raise CorruptStore(f"cannot open {self.path}: {exc}") from None
             raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
                                f"partq's); restore it from a DR-standby or backup") from None
+        info, psize = env.info(), env.stat()["psize"]
+        needed = (info["last_pgno"] + 1) * psize
+        size = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        if size < needed:
+            env.close()
+            raise CorruptStore(f"{self.path}/data.mdb is {size} bytes but its meta page says "
+                               f"{needed} are in use: the file was truncated (an interrupted copy "
+                               f"or a full disk); restore it from a DR-standby or backup")
         self.report.stale_readers_cleared = env.reader_check()
         return env
 
