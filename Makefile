@@ -22,8 +22,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,spark,bench]'
 	$(BIN)/python bench/publish.py
 	$(BIN)/python bench/rebalance.py
+	$(BIN)/python bench/partitioner.py
+	$(BIN)/python bench/replication.py
+	$(BIN)/python bench/spark_ingest.py
+	$(BIN)/python bench/peers.py
 
 clean:
 	rm -rf $(VENV) demo-data

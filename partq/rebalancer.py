@@ -22,6 +22,7 @@ Choices where the seeds are silent (written down in docs/behaviour.md):
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -265,7 +266,17 @@ class Rebalancer:
             return False
         if self.bound_flows() and any(o is None for o in self.owner):
             return False
-        return not self._plan_moves()
+        return not self._would_move()
+
+    def _would_move(self) -> bool:
+        """Whether ``_plan_moves`` would plan anything: its first step, without the plan."""
+        flows = self._balance_set()
+        if len(flows) < 2:
+            return False
+        counts = self._future_counts(flows)
+        low = min(counts.values())
+        return any(counts[f.flow_id] - low > 1 and any(p not in self.handoffs for p in f.partitions)
+                   for f in flows)
 
     def _move(self, p: int, source: str | None, target: str | None) -> list[Action]:
         """Reassign ``p`` at once (no pause: the source is gone or there is none)."""
@@ -328,17 +339,44 @@ class Rebalancer:
         order = {f.flow_id: f.order for f in flows}
         movable = {f.flow_id: sorted(p for p in f.partitions if p not in self.handoffs)
                    for f in flows}
+        # Two heaps give the same choices as scanning every flow per move, in O(moves log flows):
+        # the recipient is the flow with fewest (earliest bound on ties); the donor is the flow
+        # with most among those that still have a partition not already moving (latest bound on
+        # ties), as long as it holds at least two more than the recipient. A flow whose count
+        # changes gets a fresh entry; stale entries are dropped when they reach the top.
+        def recipient_entry(f):
+            return (counts[f], order[f], f)
+
+        def donor_entry(f):
+            return (-counts[f], -order[f], f) if movable[f] else None
+
+        def top(heap, current):
+            while heap:
+                entry = heap[0]
+                if entry == current(entry[2]):
+                    return entry
+                heapq.heappop(heap)
+            return None
+
+        recipients = [recipient_entry(f) for f in counts]
+        donors = [e for e in map(donor_entry, counts) if e is not None]
+        heapq.heapify(recipients)
+        heapq.heapify(donors)
         moves = []
         while True:
-            recipient = min(counts, key=lambda f: (counts[f], order[f]))
-            donors = [f for f in counts if movable[f] and counts[f] - counts[recipient] > 1]
-            if not donors:      # balanced, or every surplus partition is already moving
-                return moves
-            donor = max(donors, key=lambda f: (counts[f], order[f]))
+            r, d = top(recipients, recipient_entry), top(donors, donor_entry)
+            if r is None or d is None or -d[0] - r[0] <= 1:
+                return moves     # balanced, or every surplus partition is already moving
+            recipient, donor = r[2], d[2]
             p = movable[donor].pop()
             moves.append((p, donor, recipient))
             counts[donor] -= 1
             counts[recipient] += 1
+            for f in (donor, recipient):
+                heapq.heappush(recipients, recipient_entry(f))
+                entry = donor_entry(f)
+                if entry is not None:
+                    heapq.heappush(donors, entry)
 
     def _rebalance(self, now: float) -> list[Action]:
         """The seed's algorithm: drop ghosts, map unowned partitions to the flows with fewest,
