@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,spark]'
+	$(BIN)/pip install -q -e '.[test,spark,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -22,7 +22,6 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,spark,bench]'
 	$(BIN)/python bench/publish.py
 	$(BIN)/python bench/rebalance.py
 	$(BIN)/python bench/partitioner.py
