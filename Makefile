@@ -1,27 +1,31 @@
-# make demo: set up .venv and run the demo on an embedded directory.
-# make test: set up .venv and run the whole suite.
+# make demo: set up .venv with partq and run the demo on an embedded directory.
+# make test: set up .venv with the test, Spark and benchmark extras and run the whole suite.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
+BASE := $(VENV)/.installed-base-$(HASH)
+FULL := $(VENV)/.installed-full-$(HASH)
 
-.PHONY: demo test bench crash venv clean
+.PHONY: demo test bench crash clean
 
-$(STAMP): pyproject.toml
+$(BASE): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(FULL): $(BASE)
 	$(BIN)/pip install -q -e '.[test,spark,bench]'
-	touch $(STAMP)
+	touch $@
 
-venv: $(STAMP)
-
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
-test: $(STAMP)
+test: $(FULL)
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(FULL)
 	$(BIN)/python bench/publish.py
 	$(BIN)/python bench/rebalance.py
 	$(BIN)/python bench/partitioner.py

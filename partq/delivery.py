@@ -190,33 +190,35 @@ class QueueDelivery:
                 if not flow.skip_corrupt:
                     continue
                 ps.error = None       # a flow told to skip takes over where delivery stopped
+            inflight, upto = ps.inflight, ps.redeliver_upto
             while len(out) < want:
                 batch = reader.records(qid, p, ps.next, want - len(out) + 8)
                 if not batch:
                     break
+                floor, above = ps.ack.floor, ps.ack.above
                 for seq, raw in batch:
                     if len(out) >= want:
                         break
                     ps.next = seq + 1
-                    if ps.ack.is_acked(seq):
+                    if seq < floor or seq in above:
                         continue
                     try:
-                        rec = decode_record(raw, name, p, seq)
+                        ts, key, headers, payload = decode_record(raw, name, p, seq)
                     except CorruptRecord as exc:
                         if flow.skip_corrupt:
                             log.error("skipping (and acking) %s", exc)
                             ps.ack.add([seq])
+                            floor = ps.ack.floor
                             skipped.setdefault(p, []).append(seq)
                             continue
                         ps.next = seq
                         ps.error = exc
                         flow._pending_error = exc
                         break
-                    out.append(Message(name, p, seq, rec.key, rec.payload, rec.headers,
-                                       rec.publish_time_ns, seq <= ps.redeliver_upto))
-                    ps.inflight[seq] = fid
-                    if seq > ps.high:
-                        ps.high = seq
+                    out.append(Message(name, p, seq, key, payload, headers, ts, seq <= upto))
+                    inflight[seq] = fid
+                if out and out[-1].partition == p and out[-1].seq > ps.high:
+                    ps.high = out[-1].seq
                 if ps.error is not None:
                     break
             if ps.high > ps.ack.delivered_mark:

@@ -14,12 +14,12 @@ class PublishResult(NamedTuple):
     discarded: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """A delivered message. ``redelivered`` is True when the message may have been handed to a
     consumer before (after a nack, a handoff that timed out, a consumer loss or a broker
     restart). Like JMSRedelivered it can be a false positive after a restart, never a false
-    negative: a message that was delivered before is always marked."""
+    negative: a message that was delivered before is always marked. (A NamedTuple: receive
+    builds one per message, three times cheaper than a frozen dataclass.)"""
     queue: str
     partition: int
     seq: int

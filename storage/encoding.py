@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 import msgpack
@@ -44,6 +45,7 @@ def unpack_u64(raw: bytes) -> int:
 _packer = msgpack.Packer(use_bin_type=True)
 _crc = crc32c.crc32c
 _crc_pack = _CRC.pack
+_unpack = msgpack.unpackb
 
 
 _HEADER_SCALARS = (type(None), bool, int, float, str, bytes)
@@ -78,8 +80,7 @@ def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, p
     return _crc_pack(_crc(body)) + body
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     publish_time_ns: int
     key: str | None
     headers: dict | None
@@ -90,20 +91,18 @@ def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
     """Check the crc32c, then decode. Raises only ``CorruptRecord``."""
     if len(raw) < 5:
         raise CorruptRecord(queue, partition, seq, f"record is {len(raw)} bytes, shorter than a header")
-    view = memoryview(raw)
-    stored = _CRC.unpack_from(view)[0]
-    body = view[4:]
-    if _crc(body) != stored:
+    body = raw[4:]
+    if _crc(body) != _CRC.unpack_from(raw)[0]:
         raise CorruptRecord(queue, partition, seq, "crc32c mismatch")
     try:
-        fields = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        fields = _unpack(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same here
         raise CorruptRecord(queue, partition, seq, f"undecodable body ({type(exc).__name__})") from None
-    if not (isinstance(fields, list) and len(fields) == 4):
+    if type(fields) is not list or len(fields) != 4:
         raise CorruptRecord(queue, partition, seq, "body is not a 4-field record")
     ts, key, headers, payload = fields
-    if not (isinstance(ts, int) and (key is None or isinstance(key, str))
-            and (headers is None or isinstance(headers, dict)) and isinstance(payload, bytes)):
+    if not (type(ts) is int and type(payload) is bytes and (key is None or type(key) is str)
+            and (headers is None or type(headers) is dict)):
         raise CorruptRecord(queue, partition, seq, "record fields have the wrong types")
     return Record(ts, key, headers, payload)
 
@@ -142,6 +141,13 @@ class AckState:
         """Mark seqs acked; return the new floor (records below it may be truncated)."""
         above = self.above
         floor = self.floor
+        if not above and seqs:
+            # The common case, worked example: floor 100, acks 100..199 in any order -> floor 200.
+            ordered = sorted(seqs)
+            if ordered[0] == floor and ordered[-1] - floor == len(ordered) - 1 \
+                    and len(set(ordered)) == len(ordered):
+                self.floor = ordered[-1] + 1
+                return self.floor
         for s in seqs:
             if s >= floor:
                 above.add(s)

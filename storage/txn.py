@@ -84,10 +84,11 @@ class Reader:
         if not cur.set_range(log_key(qid, partition, start)):
             return out
         prefix = partition_key(qid, partition)
+        append, from_bytes = out.append, int.from_bytes
         for k, v in cur:
             if k[:8] != prefix:
                 break
-            out.append((unpack_log_key(k)[2], v))
+            append((from_bytes(k[8:], "big"), v))
             if len(out) >= limit:
                 break
         return out
@@ -279,8 +280,12 @@ class Writer(Reader):
         end = log_key(qid, partition, below)
         n = 0
         if cur.set_range(log_key(qid, partition, 0)):
-            while cur.key() and cur.key() < end:
-                cur.delete()
+            key, delete = cur.key, cur.delete
+            while True:
+                k = key()
+                if not k or k >= end:
+                    break
+                delete()
                 n += 1
                 if n == 1 and crashpoints.ENABLED:
                     crashpoints.hit("during_truncation")
