@@ -568,19 +568,20 @@ class StandbyFollower:
     def _apply(self, entries: list[bytes]) -> int:
         def op(w):
             applied = _u64(w.meta(b"applied_lsn"))
-            applied_time = None
+            last = None
             for raw in entries:
-                lsn, time_ns, _msgs, changes = decode_change(raw)
+                lsn, time_ns, msgs_total, changes = decode_change(raw)
                 if lsn <= applied:
                     continue              # already applied: a resent frame
                 if lsn != applied + 1:
                     raise FrameError(f"change log gap: have {applied}, got {lsn}")
                 for change in changes:
                     apply_change(w, change)
-                applied, applied_time = lsn, time_ns
+                applied, last = lsn, (time_ns, msgs_total)
             w.put_local_meta(b"applied_lsn", pack_u64(applied))
-            if applied_time is not None:
-                w.put_local_meta(b"applied_time_ns", pack_u64(applied_time))
+            if last is not None:
+                w.put_local_meta(b"applied_time_ns", pack_u64(last[0]))
+                w.put_local_meta(b"msgs_total", pack_u64(last[1]))   # the primary's count
             return applied
         return self.broker._store.write(op)
 

@@ -151,7 +151,7 @@ class GroupCommitWriter:
                         before = len(writer.changes)
                         results.append(pending.op(writer))
                         replicated.append(len(writer.changes) > before)
-                    lsn = writer.finish(changes_db) if writer.changes or writer.appended else 0
+                    lsn = writer.finish(changes_db)
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()
