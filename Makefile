@@ -33,5 +33,8 @@ bench: $(FULL)
 	$(BIN)/python bench/spark_ingest.py
 	$(BIN)/python bench/peers.py
 
+crash: $(FULL)
+	PARTQ_CRASH_LONG=1 $(BIN)/python -m pytest -q -s tests/crash/test_random_kills.py::test_random_kills_long
+
 clean:
 	rm -rf $(VENV) demo-data

@@ -17,6 +17,7 @@ import os
 import random
 import threading
 import uuid
+import weakref
 from typing import Iterable
 
 from partq.clock import SystemClock
@@ -59,6 +60,21 @@ def _refuse_ingress(w, config: QueueConfig, count: int, single: bool):
     return dropped if single else [dropped] * count
 
 
+_open_brokers: "weakref.WeakSet[Broker]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A thread of the parent may have held a broker's lock at fork time; in the child that
+    thread does not exist, so the lock would never be released. Fresh locks let the child reach
+    the pid check and get UsedAcrossFork instead of hanging."""
+    for broker in list(_open_brokers):
+        broker._lock = threading.RLock()
+        broker._data_cond = threading.Condition()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Broker:
     """A partq directory opened for publishing, consuming and administration.
 
@@ -83,6 +99,7 @@ class Broker:
         self._data_gen = 0
         self._closed = False
         store._writer.add_listener(self._wake_receivers)
+        _open_brokers.add(self)
         self._ticker = None
         if auto_tick:
             self._ticker_stop = threading.Event()
@@ -315,6 +332,8 @@ class Broker:
         return None if raw is None else unpack_u64(raw)
 
     def _publish_config(self, queue: str) -> QueueConfig:
+        if type(queue) is not str:
+            raise InvalidConfig(f"queue must be a queue name (str), not {type(queue).__name__}")
         config = self._configs.get(queue)
         if config is None:
             config = self._configs[queue] = self.queue_config(queue)
@@ -333,6 +352,9 @@ class Broker:
         publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
         max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
         pack, crc, crc_pack = _record_packer.pack, crc32c_of, _CRC.pack
+        if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
+            raise InvalidMessage(f"publish_many takes an iterable of messages, not "
+                                 f"{type(items).__name__}")
         out = []
         append = out.append
         for item in items:
@@ -515,11 +537,29 @@ class Broker:
         return self._finish_scaling(name, progress)
 
     def _finish_scaling(self, name: str, progress=None) -> QueueConfig:
+        """Carry a scaling in progress to its end. Several processes may do this at once (the
+        scaler and any process that opens meanwhile), so every step re-checks, in its own
+        transaction, that the queue is still in this same scaling, and a partition is created
+        only if it has no state yet: a slower finisher must never reset a partition that has
+        already taken publishes."""
         config = self.queue_config(name)
         qid, old, new = config.qid, config.scaling_from, config.scaling_to
+        scaling = (config.scaling_status, old, new)
+
+        def same(w) -> bool:
+            c = self._config_in(w, name)
+            return (c.scaling_status, c.scaling_from, c.scaling_to) == scaling
+
+        def create(w, p):
+            if same(w) and not w.has_partition(qid, p):
+                w.init_partition(qid, p)
+
+        def drop(w, p):
+            return w.drop_partition(qid, p) if same(w) else 0
+
         if config.scaling_status == "ScalingUp":
             for p in range(old, new):
-                self._store.write(lambda w, p=p: w.init_partition(qid, p))
+                self._store.write(lambda w, p=p: create(w, p))
                 if crashpoints.ENABLED:
                     crashpoints.hit("during_scaling")
                 if progress:
@@ -528,7 +568,7 @@ class Broker:
         elif config.scaling_status == "ScalingDown":
             self.tick()  # a local delivery owner stops using the extra partitions first
             for p in reversed(range(new, old)):
-                n = self._store.write(lambda w, p=p: w.drop_partition(qid, p))
+                n = self._store.write(lambda w, p=p: drop(w, p))
                 if crashpoints.ENABLED:
                     crashpoints.hit("during_scaling")
                 if progress:
@@ -538,6 +578,8 @@ class Broker:
             return config
 
         def finish(w):
+            if not same(w):
+                return self._config_in(w, name)   # another process finished it already
             c = dataclasses.replace(self._config_in(w, name), scaling_status="Ready",
                                     scaling_from=0, scaling_to=0, **done)
             w.put_queue(name, c.to_dict())
@@ -560,6 +602,7 @@ class Broker:
         ``skip_corrupt``: deliver past records that fail their checksum (logged) instead of
         stopping delivery of that partition.
         """
+        self._store._check_usable()
         self._check_writable()
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"flow name must be a str, not {type(name).__name__}")

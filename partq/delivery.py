@@ -282,8 +282,10 @@ class QueueDelivery:
         again, in order, marked redelivered (S3 holds across nacks). A nack during a handoff
         counts like an ack towards it: the old flow no longer holds the message. Returns the
         writes to submit."""
-        if msg.queue != self.name or msg.partition >= len(self.parts):
-            raise InvalidAck(f"message of {msg.queue!r} partition {msg.partition} is not from this flow")
+        if msg.queue != self.name:
+            raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.name!r}")
+        if msg.partition >= len(self.parts):
+            return []     # a scale-down removed its partition, and the message with it
         ps = self.parts[msg.partition]
         if ps.inflight.get(msg.seq) != flow.flow_id:
             return []

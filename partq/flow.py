@@ -77,6 +77,7 @@ class Flow:
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         broker, qd = self._broker, self._qd
+        broker._store._check_usable()
         deadline = time.monotonic() + timeout
         while True:
             gen = broker._data_gen

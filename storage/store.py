@@ -262,7 +262,8 @@ class Store:
         if info["map_size"] < self.max_map_size:
             return True
         psize = self.env.stat()["psize"]
-        limit = self.max_map_size - self._append_reserve
+        # another process may have grown the map past this process's own limit: use it all
+        limit = max(self.max_map_size, info["map_size"]) - self._append_reserve
         if (info["last_pgno"] + 1) * psize < limit:
             return True
         used = 4  # meta pages, main and free trees

@@ -71,6 +71,10 @@ class Reader:
         raw = self._txn.get(partition_key(qid, partition), db=self._dbs["heads"])
         return 0 if raw is None else unpack_u64(raw)
 
+    def has_partition(self, qid: int, partition: int) -> bool:
+        """Whether the partition exists (was created and not dropped since)."""
+        return self._txn.get(partition_key(qid, partition), db=self._dbs["acks"]) is not None
+
     def ack_state(self, qid: int, partition: int) -> AckState:
         raw = self._txn.get(partition_key(qid, partition), db=self._dbs["acks"])
         return AckState.decode(raw, f"queue id {qid} partition {partition}")

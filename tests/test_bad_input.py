@@ -3,7 +3,8 @@
 Damaged records (S24), damaged or foreign files, a full map, wrong message types and sizes,
 killed writers and stale reader slots (S25), and a broker used across ``fork()`` (STYLE 7).
 Anything that could take the interpreter down (damaged files, kills, fork) runs in a child
-process. Known bugs are strict xfails whose reason names the file, function and cause.
+process. A bug this finds is a strict xfail whose reason names the file, function and cause
+until it is fixed; the ones found so far are fixed and their tests stay as regressions.
 """
 from __future__ import annotations
 

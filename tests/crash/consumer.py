@@ -1,0 +1,91 @@
+"""Crash-test consumer: the delivery owner. Receives, acks, holds, nacks until it is killed.
+
+    python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P]
+
+Opens the broker, then binds its flows (named c0, c1: a restarted consumer gets its partitions
+back, S17), retrying while another process owns delivery (``DeliveryLocked``: a standby
+consumer process waits here until the owner dies). Logs ``bound`` once it owns delivery, every
+delivery before doing anything with it, and ``acked`` after ack_many returned. With two flows
+and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
+off between flows while messages are in flight; held messages are acked later through any flow
+(late acks are honoured).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import partq
+from wlog import Log, delivered_event
+
+
+def bind_all(broker, names, queue):
+    while True:
+        try:
+            return [broker.bind(queue, name=n) for n in names]
+        except partq.DeliveryLocked:
+            time.sleep(0.02)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("log")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--queue", default="q")
+    ap.add_argument("--flows", type=int, default=1)
+    ap.add_argument("--churn", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    log = Log(args.log)
+    broker = partq.Broker.open(args.data)
+    log.write({"op": "opened"})
+    names = [f"c{i}" for i in range(args.flows)]
+    flows = bind_all(broker, names, args.queue)
+    log.write({"op": "bound", "flows": names})
+    held: list = []
+    away = 0                                  # loops until the churned flow binds again
+
+    def ack(flow, msgs):
+        if msgs:
+            flow.ack_many(msgs)
+            log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+
+    while True:
+        live = [f for f in flows if f is not None]
+        for flow in live:
+            msgs = flow.receive(rng.randint(1, 64), timeout=0.05)
+            if not msgs:
+                continue
+            log.write(*(delivered_event(m) for m in msgs))
+            r = rng.random()
+            if r < 0.7:
+                ack(flow, msgs)
+            elif r < 0.85:
+                held += msgs
+            else:
+                k = rng.randrange(len(msgs))
+                ack(flow, msgs[:k])
+                first_of_partition = {}
+                for m in msgs[k:]:
+                    first_of_partition.setdefault(m.partition, m)
+                for m in first_of_partition.values():
+                    flow.nack(m)    # it and every later unacked message of its partition
+        if held and rng.random() < 0.3:
+            ack(rng.choice(live), held)
+            held = []
+        if args.flows > 1:
+            if flows[-1] is not None and rng.random() < args.churn:
+                flows[-1].unbind()
+                flows[-1] = None
+                away = rng.randint(1, 20)
+            elif flows[-1] is None:
+                away -= 1
+                if away <= 0:
+                    flows[-1] = broker.bind(args.queue, name=names[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Runs rounds of real publisher, consumer and scaler processes against one directory, kills them
+with SIGKILL at random moments, restarts them, drains, and checks (``checker``).
+
+The processes are forked by ``spawner`` (a fork server that imported partq and opened nothing),
+so a restart costs a fork, not a Python start-up. Everything random (which process dies when,
+queue shapes, scalings, crash points armed in restarted processes, the workers' own choices)
+comes from one seed. The kill *times* are real time, so a seed reproduces the schedule, not the
+exact interleaving.
+
+A process dies either at a random moment from its start (20%: that includes start-up and
+``Broker.open``), or at a random moment 0.02-0.7 s after it opened the broker; 25% of the
+restarted processes also arm a deterministic crash point (``PARTQ_CRASH_AT``) at a random N.
+
+Processes start and die while scalings run, so some of them open the directory mid-scaling and
+finish it alongside the scaler (the bugs that once lost messages there are pinned in
+``test_crash_regressions``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import partq
+
+import checker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = {"pub": "publisher", "con": "consumer", "scale": "scaler"}
+CRASH_POINTS_BY_ROLE = {
+    "pub": ("before_commit", "after_commit_before_return", "mid_batch"),
+    "con": ("before_commit", "after_commit_before_return", "at_ack", "during_truncation",
+            "during_handoff"),
+    "scale": ("during_scaling", "before_commit", "after_commit_before_return"),
+}
+
+
+class Spawner:
+    """Client of ``spawner.py``: spawn, poll, kill (see there)."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PARTQ_CRASH_AT"}
+        self._p = subprocess.Popen([sys.executable, os.path.join(HERE, "spawner.py")], cwd=HERE,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                   env=env)
+
+    def _ask(self, **cmd) -> dict:
+        self._p.stdin.write(json.dumps(cmd) + "\n")
+        self._p.stdin.flush()
+        line = self._p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the spawner died ({self._p.wait()})")
+        return json.loads(line)
+
+    def spawn(self, script: str, argv: list, crash_at: str | None, stderr: str) -> int:
+        return self._ask(op="spawn", script=script, argv=argv, crash_at=crash_at,
+                         stderr=stderr)["pid"]
+
+    def poll(self) -> dict[int, int]:
+        return dict(self._ask(op="poll")["exited"])
+
+    def kill(self, pid: int) -> int | None:
+        return self._ask(op="kill", pid=pid)["status"]
+
+    def close(self) -> None:
+        self._p.stdin.close()
+        self._p.wait(timeout=60)
+
+
+@dataclass
+class Proc:
+    role: str
+    slot: int
+    inc: int
+    pid: int
+    log: str
+    err: str
+    started: float
+    kill_at: float | None          # absolute time, or None until the process has opened
+    kill_after_open: float | None  # the delay after "opened" at which it dies
+    crash_at: str | None
+    argv: list
+    status: int | None = None
+
+
+@dataclass
+class Figures:
+    rounds: int = 0
+    processes_started: int = 0
+    killed_by_harness: int = 0
+    killed_by_crash_point: int = 0
+    scalings: int = 0
+    published: int = 0
+    attempted: int = 0
+    deliveries: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redeliveries: int = 0
+    recovered: int = 0
+    unknown: int = 0
+    dropped_by_scale_down: int = 0
+    violations: dict = field(default_factory=lambda: {k: 0 for k in checker.VIOLATIONS})
+    max_open_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def killed(self) -> int:
+        return self.killed_by_harness + self.killed_by_crash_point
+
+    def add(self, report: dict) -> None:
+        for k in ("published", "attempted", "deliveries", "delivered", "acked", "redeliveries",
+                  "recovered", "unknown", "dropped_by_scale_down"):
+            setattr(self, k, getattr(self, k) + report[k])
+        for k in checker.VIOLATIONS:
+            self.violations[k] += report[k]
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["processes_killed"] = self.killed
+        return d
+
+
+class RoundFailed(AssertionError):
+    pass
+
+
+class Round:
+    def __init__(self, spawner: Spawner, root: str, rng: random.Random, figures: Figures,
+                 duration: float) -> None:
+        self.sp = spawner
+        self.root = root
+        self.data = os.path.join(root, "data")
+        self.logs = os.path.join(root, "logs")
+        self.errs = os.path.join(root, "stderr")
+        os.makedirs(self.logs)
+        os.makedirs(self.errs)
+        self.rng = rng
+        self.fig = figures
+        self.duration = duration
+        self.incs: dict[tuple, int] = {}
+        self.procs: list[Proc] = []
+        self.scaling = False        # a scaling is unfinished (scaler alive or killed)
+        self.scale_target = 0
+        # the shape of this round
+        self.partitions = rng.randint(2, 5)
+        self.flows = rng.choice([1, 2, 2])
+        self.standby = rng.random() < 0.4
+        self.publishers = rng.choice([1, 2, 2, 3])
+        self.rebalance_delay = rng.choice([0.05, 0.2])
+        self.max_handoff_time = rng.choice([0.0, 0.1, 0.3])
+        n_scales = rng.choice([0, 1, 2, 3])
+        self.scale_plan = sorted(rng.uniform(0.1, 0.8) * duration for _ in range(n_scales))
+        self.crash_point_rate = 0.25
+
+    def describe(self) -> dict:
+        return {k: getattr(self, k) for k in ("partitions", "flows", "standby", "publishers",
+                                              "rebalance_delay", "max_handoff_time", "scale_plan")}
+
+    # ------------------------------------------------------------------ processes
+    def _start(self, role: str, slot: int, argv: list) -> Proc:
+        inc = self.incs[(role, slot)] = self.incs.get((role, slot), 0) + 1
+        name = f"{role}-{slot}-{inc:04d}"
+        log = os.path.join(self.logs, name + ".jsonl")
+        err = os.path.join(self.errs, name + ".err")
+        crash_at = None
+        armed = self.rng.random() < self.crash_point_rate
+        if armed:
+            point = self.rng.choice(CRASH_POINTS_BY_ROLE[role])
+            crash_at = f"{point}:{self.rng.randint(1, 3 if role == 'scale' else 40)}"
+        extra = ["--tag", f"{slot}.{inc}"] if role == "pub" else []
+        full_argv = [self.data, log, "--seed", str(self.rng.randrange(1 << 31))] + extra + argv
+        pid = self.sp.spawn(SCRIPTS[role], full_argv, crash_at, err)
+        now = time.monotonic()
+        kill_at = kill_after_open = None
+        if role == "scale":
+            if self.rng.random() < 0.3:
+                kill_after_open = self.rng.uniform(0.0, 0.02)
+        elif self.rng.random() < 0.2:        # anywhere from start-up through opening
+            kill_at = now + self.rng.uniform(0.0, 0.3)
+        else:                                 # while it works
+            kill_after_open = self.rng.uniform(0.02, 0.7)
+        proc = Proc(role, slot, inc, pid, log, err, now, kill_at, kill_after_open, crash_at, argv)
+        self.procs.append(proc)
+        self.fig.processes_started += 1
+        return proc
+
+    def _logged(self, proc: Proc, op: str) -> bool:
+        try:
+            with open(proc.log, "rb") as f:
+                return b'"op":"%s"' % op.encode() in f.read(4096)
+        except FileNotFoundError:
+            return False
+
+    def _reap(self) -> None:
+        exited = self.sp.poll()
+        for proc in list(self.procs):
+            if proc.pid not in exited:
+                continue
+            rc = exited[proc.pid]
+            self.procs.remove(proc)
+            if rc == -signal.SIGKILL and proc.crash_at:
+                self.fig.killed_by_crash_point += 1
+            elif rc == 0 and proc.role == "scale":
+                self.scaling = False
+                self.fig.scalings += 1
+                continue
+            else:
+                with open(proc.err, "rb") as f:
+                    err = f.read().decode(errors="replace")
+                raise RoundFailed(f"{proc.role}-{proc.slot}-{proc.inc} exited with {rc} "
+                                  f"(crash_at={proc.crash_at}):\n{err[-3000:]}")
+            self._start(proc.role, proc.slot, proc.argv)
+
+    def _kill(self, proc: Proc) -> None:
+        status = self.sp.kill(proc.pid)
+        self.procs.remove(proc)
+        if status == -signal.SIGKILL or status is None:
+            self.fig.killed_by_harness += 1
+        elif not (proc.role == "scale" and status == 0):
+            with open(proc.err, "rb") as f:
+                err = f.read().decode(errors="replace")
+            raise RoundFailed(f"{proc.role}-{proc.slot}-{proc.inc} exited with {status}:\n"
+                              f"{err[-3000:]}")
+
+    # ------------------------------------------------------------------ the round
+    def run(self) -> dict:
+        with partq.Broker.open(self.data) as b:
+            b.create_queue("q", partitions=self.partitions, rebalance_delay=self.rebalance_delay,
+                           max_handoff_time=self.max_handoff_time)
+        self.fig.rounds += 1
+        for slot in range(self.publishers):
+            self._start("pub", slot, [])
+        con_argv = ["--flows", str(self.flows), "--churn", "0.02"]
+        for slot in range(2 if self.standby else 1):
+            self._start("con", slot, con_argv)
+        t0 = time.monotonic()
+        plan = list(self.scale_plan)
+        try:
+            while time.monotonic() - t0 < self.duration or self.scaling:
+                time.sleep(self.rng.uniform(0.002, 0.02))
+                self._reap()
+                now = time.monotonic()
+                if plan and now - t0 >= plan[0] and not self.scaling:
+                    plan.pop(0)
+                    current = self.scale_target or self.partitions
+                    target = self.rng.choice([n for n in range(1, 7) if n != current])
+                    self.scale_target = target
+                    self.scaling = True
+                    self._start("scale", 0, ["--to", str(target)])
+                for proc in list(self.procs):
+                    if proc.kill_at is None and proc.kill_after_open is not None and \
+                            self._logged(proc, "opened"):
+                        proc.kill_at = time.monotonic() + proc.kill_after_open
+                    if proc.kill_at is not None and now >= proc.kill_at:
+                        self._kill(proc)
+                        self._start(proc.role, proc.slot, proc.argv)
+        finally:
+            for proc in list(self.procs):
+                self._kill(proc)
+        drain_log = os.path.join(self.logs, "zz-drain.jsonl")
+        drain_err = os.path.join(self.errs, "drain.err")
+        pid = self.sp.spawn("drain", [self.data, drain_log, "--timeout", "60"], None, drain_err)
+        deadline = time.monotonic() + 90
+        status = None
+        while status is None:
+            time.sleep(0.02)
+            status = self.sp.poll().get(pid)
+            if status is None and time.monotonic() > deadline:
+                self.sp.kill(pid)
+                status = "hung"
+        if status != 0:
+            with open(drain_err, "rb") as f:
+                raise RoundFailed(f"drain failed ({status}): "
+                                  f"{f.read().decode(errors='replace')[-3000:]}")
+        drain_events = checker.read_log(drain_log)
+        self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
+        report = checker.check(checker.load_dir(self.logs))
+        report["drained"] = drain_events[-1]
+        self.fig.add(report)
+        if not report["ok"]:
+            raise RoundFailed("checker found violations:\n" + checker.summary(report))
+        return report
+
+
+def run_rounds(base: str, seed: int, rounds: int, duration: float) -> Figures:
+    """Run ``rounds`` rounds of ``duration`` seconds each under ``base``; raise ``RoundFailed``
+    (with the seed, the round and its shape) on the first failure."""
+    rng = random.Random(seed)
+    fig = Figures()
+    t0 = time.monotonic()
+    spawner = Spawner()
+    try:
+        for i in range(rounds):
+            rnd = Round(spawner, os.path.join(base, f"round-{i:03d}"),
+                        random.Random(rng.randrange(1 << 62)), fig, duration)
+            try:
+                rnd.run()
+            except RoundFailed as exc:
+                raise RoundFailed(f"PARTQ_CRASH_SEED={seed} round {i} {json.dumps(rnd.describe())} "
+                                  f"in {rnd.root}: {exc}") from None
+    finally:
+        spawner.close()
+        fig.seconds = round(time.monotonic() - t0, 1)
+    return fig

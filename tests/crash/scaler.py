@@ -1,0 +1,39 @@
+"""Crash-test scaler: ``scale(queue, TO)`` once, logged for the checker.
+
+    python scaler.py DATA_DIR LOG --to N [--queue q]
+
+Logs ``scale_begin`` (with the partition count it saw) before and ``scale_end`` after. Run
+again after a kill, it first finishes the interrupted scaling (``scale`` does that), then
+scales to N if the count is not N already.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import partq
+from wlog import Log
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("log")
+    ap.add_argument("--to", type=int, required=True)
+    ap.add_argument("--queue", default="q")
+    ap.add_argument("--seed", type=int, default=0)      # accepted like every worker; unused
+    args = ap.parse_args(argv)
+    log = Log(args.log)
+    broker = partq.Broker.open(args.data)
+    log.write({"op": "opened"})
+    config = broker.queue_config(args.queue)
+    frm = config.scaling_from if config.scaling_status != "Ready" else config.partitions
+    log.write({"op": "scale_begin", "from": frm, "to": args.to})
+    final = broker.scale(args.queue, args.to)
+    log.write({"op": "scale_end", "to": args.to, "partitions": final.partitions})
+    broker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

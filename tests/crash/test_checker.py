@@ -1,0 +1,282 @@
+"""The checker itself must be able to fail: hand-made logs, each breaking one rule.
+
+Every case builds a clean history, breaks exactly one thing, and expects exactly that count to
+be non-zero (and ``ok`` False); the clean history and the allowed anomalies (recovered unknown
+outcomes, marked redeliveries, scale-down drops) must pass.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from checker import VIOLATIONS, check, load_dir, read_log
+
+
+class History:
+    """Builds logs: one publisher log and consumer logs in ownership order, with a clock."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.pub: list[dict] = []
+        self.cons: list[list[dict]] = [[]]
+
+    def _ev(self, **e) -> dict:
+        self.t += 1.0
+        e.setdefault("t", self.t)
+        return e
+
+    def attempt(self, mid, key="k"):
+        self.pub.append(self._ev(op="attempt", id=mid, key=key))
+        return self
+
+    def published(self, mid, p, seq):
+        self.pub.append(self._ev(op="published", id=mid, partition=p, seq=seq))
+        return self
+
+    def publish(self, mid, p, seq, key="k"):
+        return self.attempt(mid, key).published(mid, p, seq)
+
+    def restart_consumer(self):
+        self.cons.append([self._ev(op="bound")])
+        return self
+
+    def deliver(self, mid, p, seq, redelivered=False, key="k", pkey=None):
+        self.cons[-1].append(self._ev(op="delivered", id=mid, key=key,
+                                      pkey=key if pkey is None else pkey,
+                                      partition=p, seq=seq, redelivered=redelivered))
+        return self
+
+    def ack(self, mid):
+        self.cons[-1].append(self._ev(op="acked", id=mid))
+        return self
+
+    def scale(self, frm, to, end=True):
+        self.pub.append(self._ev(op="scale_begin", to=to, **{"from": frm}))
+        if end:
+            self.pub.append(self._ev(op="scale_end", to=to))
+        return self
+
+    def logs(self):
+        return [self.pub] + self.cons
+
+    def check(self, **kw):
+        return check(self.logs(), **kw)
+
+
+def clean() -> History:
+    h = History()
+    for i in range(4):
+        h.publish(f"m{i}", 0, i)
+    h.publish("x0", 1, 0, key="other")
+    for i in range(4):
+        h.deliver(f"m{i}", 0, i)
+    h.deliver("x0", 1, 0, key="other")
+    for i in range(4):
+        h.ack(f"m{i}")
+    h.ack("x0")
+    return h
+
+
+def only(report, *kinds):
+    bad = {k: report[k] for k in VIOLATIONS if report[k]}
+    assert set(bad) == set(kinds), report
+    assert report["ok"] is (not kinds)
+
+
+def test_clean_history_passes():
+    r = clean().check()
+    only(r)
+    assert (r["published"], r["delivered"], r["acked"], r["redeliveries"]) == (5, 5, 5, 0)
+
+
+def test_lost_message():
+    h = clean().publish("m4", 0, 4)
+    only(h.check(), "lost")
+    assert h.check()["lost"] == 1
+
+
+def test_lost_is_not_counted_without_a_final_drain():
+    h = clean().publish("m4", 0, 4)
+    only(h.check(final_drain=False))
+
+
+def test_unknown_outcome_recovered_and_not_found_are_allowed_and_counted():
+    h = clean().attempt("u1").attempt("u2")
+    h.deliver("u1", 0, 4).ack("u1")
+    r = h.check()
+    only(r)
+    assert (r["unknown"], r["recovered"], r["unknown_not_found"]) == (2, 1, 1)
+
+
+def test_unexpected_delivery():
+    h = clean().deliver("ghost", 0, 9).ack("ghost")
+    only(h.check(), "unexpected")
+
+
+def test_delivered_again_after_ack():
+    h = clean().restart_consumer().deliver("m3", 0, 3, redelivered=True)
+    r = h.check()
+    only(r, "delivered_after_ack")
+    assert r["delivered_after_ack"] == 1
+
+
+def test_duplicate_allowed_only_when_marked_redelivered():
+    h = History().publish("a", 0, 0).publish("b", 0, 1)
+    h.deliver("a", 0, 0).deliver("b", 0, 1)
+    h.restart_consumer().deliver("a", 0, 0, redelivered=True).deliver("b", 0, 1, redelivered=True)
+    h.ack("a").ack("b")
+    r = h.check()
+    only(r)
+    assert r["redeliveries"] == 2
+
+    h = History().publish("a", 0, 0)
+    h.deliver("a", 0, 0).restart_consumer().deliver("a", 0, 0).ack("a")
+    only(h.check(), "unmarked_redeliveries")
+
+
+def test_marked_first_delivery_is_a_permitted_false_positive():
+    h = History().publish("a", 0, 0).deliver("a", 0, 0, redelivered=True).ack("a")
+    only(h.check())
+
+
+def test_first_deliveries_out_of_seq_order():
+    h = History().publish("a", 0, 0).publish("b", 0, 1)
+    # b before a, both first deliveries: even marked redelivered this breaks rule (a)
+    h.deliver("b", 0, 1).deliver("a", 0, 0, redelivered=True).ack("a").ack("b")
+    r = h.check()
+    only(r, "order_violations", "partition_order_violations")
+    assert r["examples"]["order_violations"][0]["why"] == "first delivery out of seq order"
+
+
+def test_going_back_without_redelivered_flag():
+    h = History().publish("a", 0, 0).publish("b", 0, 1)
+    h.deliver("a", 0, 0).deliver("b", 0, 1)
+    # a again (unacked, so a duplicate) after b without the flag: both rules fire
+    h.deliver("a", 0, 0).ack("a").ack("b")
+    r = h.check()
+    only(r, "unmarked_redeliveries", "order_violations", "partition_order_violations")
+
+
+def test_order_is_per_key_within_a_partition():
+    """Two keys in one partition: per-key order holds, partition order does not."""
+    h = History().publish("a", 0, 0, key="k1").publish("b", 0, 1, key="k2")
+    h.deliver("b", 0, 1, key="k2").deliver("a", 0, 0, key="k1").ack("a").ack("b")
+    only(h.check(), "partition_order_violations")
+
+
+def test_order_of_unkeyed_messages_counts_per_partition_only():
+    h = History().publish("a", 0, 0, key=None).publish("b", 0, 1, key=None)
+    h.deliver("b", 0, 1, key=None).deliver("a", 0, 0, key=None).ack("a").ack("b")
+    only(h.check(), "partition_order_violations")
+
+
+def test_redelivered_replay_in_order_is_fine():
+    h = History()
+    for i in range(3):
+        h.publish(f"m{i}", 0, i)
+    for i in range(3):
+        h.deliver(f"m{i}", 0, i)
+    h.ack("m0")
+    h.restart_consumer()
+    for i in (1, 2):
+        h.deliver(f"m{i}", 0, i, redelivered=True)
+    h.publish("m3", 0, 3).deliver("m3", 0, 3)
+    for i in (1, 2, 3):
+        h.ack(f"m{i}")
+    only(h.check())
+
+
+def test_publish_order_linearizability():
+    h = History().publish("a", 0, 5).publish("b", 0, 4)   # b attempted after a returned
+    h.deliver("b", 0, 4).deliver("a", 0, 5).ack("a").ack("b")
+    only(h.check(), "publish_order_violations")
+
+
+def test_concurrent_publishes_may_take_either_order():
+    h = History().attempt("a").attempt("b").published("b", 0, 0).published("a", 0, 1)
+    h.deliver("b", 0, 0).deliver("a", 0, 1).ack("a").ack("b")
+    only(h.check())
+
+
+def test_position_mismatch():
+    h = clean()
+    h.cons[-1] = [e if e.get("id") != "x0" or e["op"] != "delivered" else {**e, "seq": 7}
+                  for e in h.cons[-1]]
+    only(h.check(), "position_mismatches")
+
+
+def test_two_ids_at_one_position():
+    h = History().attempt("a").attempt("b")
+    h.deliver("a", 0, 0).deliver("b", 0, 0).ack("a").ack("b")
+    only(h.check(), "position_mismatches")
+
+
+def test_garbled_payload_and_wrong_key():
+    h = clean()
+    h.cons[-1].append({"op": "delivered", "id": None, "key": None, "pkey": None,
+                       "partition": 0, "seq": 99, "redelivered": False, "t": 999.0})
+    only(h.check(), "garbled")
+    h = History().publish("a", 0, 0, key="k1").deliver("a", 0, 0, key="k2", pkey="k1").ack("a")
+    only(h.check(), "garbled")
+
+
+def test_ack_of_something_never_delivered():
+    only(clean().ack("nobody").check(), "acked_never_delivered")
+
+
+def test_scale_down_drops_are_excused_only_in_removed_partitions_and_in_time():
+    h = History().publish("a", 3, 0).publish("b", 1, 0)
+    h.scale(4, 2)
+    h.deliver("b", 1, 0).ack("b")
+    r = h.check()
+    only(r)
+    assert r["dropped_by_scale_down"] == 1
+    # published after the scale-down ended: a real loss
+    h.publish("c", 3, 1)
+    only(h.check(), "lost")
+    # a scale-up excuses nothing
+    h = History().publish("a", 3, 0).scale(4, 6)
+    only(h.check(), "lost")
+    # a scaler that died: the drop window lasts until the next scaling begins
+    h = History().scale(4, 2, end=False).publish("a", 3, 0).scale(2, 4).publish("b", 3, 1)
+    r = h.check()
+    only(r, "lost")
+    assert r["dropped_by_scale_down"] == 1 and r["examples"]["lost"][0]["id"] == "b"
+
+
+def test_logs_on_disk_torn_tail_and_ownership_order(tmp_path):
+    h = History().publish("a", 0, 0).publish("b", 0, 1)
+    h.restart_consumer().deliver("a", 0, 0).deliver("b", 0, 1)
+    h.restart_consumer().deliver("a", 0, 0, redelivered=True).ack("a").deliver("b", 0, 1,
+                                                                           redelivered=True).ack("b")
+    files = {"pub-0.jsonl": h.pub, "con-2.jsonl": h.cons[1], "con-1.jsonl": h.cons[2]}
+    for name, events in files.items():   # file names deliberately in the wrong order
+        with open(tmp_path / name, "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in events)
+    with open(tmp_path / "con-2.jsonl", "a") as f:
+        f.write('{"op":"delivered","id":"a","par')         # killed inside write()
+    only(check(load_dir(tmp_path)))
+    # the same logs in the wrong ownership order: the old consumer's deliveries come after
+    # the acks, and the checker sees it
+    wrong = [read_log(tmp_path / n) for n in ("pub-0.jsonl", "con-1.jsonl", "con-2.jsonl")]
+    assert not check(wrong)["ok"]
+
+
+def test_a_bad_line_in_the_middle_is_a_harness_error(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"op":"bound","t":1}\nnot json\n{"op":"bound","t":2}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_log(path)
+
+
+def test_wlog_round_trip(tmp_path):
+    from wlog import Log, make_payload
+    log = Log(os.fspath(tmp_path / "w.jsonl"))
+    log.write({"op": "attempt", "id": "a", "key": None}, {"op": "published", "id": "a",
+                                                          "partition": 0, "seq": 0})
+    log.close()
+    events = read_log(tmp_path / "w.jsonl")
+    assert [e["op"] for e in events] == ["attempt", "published"] and all("t" in e for e in events)
+    assert json.loads(make_payload("a", "k", 3)) == {"id": "a", "key": "k", "pad": "xxx"}
