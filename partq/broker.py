@@ -44,6 +44,27 @@ TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
 POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
 
 
+class _PublishOne:
+    """One ``publish`` queued for the group commit. Concurrent publishes to one queue that land
+    in the same commit are placed together (``run_merged``): one append per partition instead of
+    one per message, which is what lets many publishing threads share a commit cheaply."""
+
+    __slots__ = ("broker", "queue", "items", "merge_key")
+
+    def __init__(self, broker: "Broker", queue: str, items: list) -> None:
+        self.broker, self.queue, self.items = broker, queue, items
+        self.merge_key = ("publish", id(broker), queue)
+
+    def __call__(self, w):
+        return self.broker._publish_op(self.queue, self.items, single=True)(w)
+
+    @staticmethod
+    def run_merged(w, ops: list["_PublishOne"]) -> list:
+        first = ops[0]
+        placed = first.broker._publish_op(first.queue, [op.items[0] for op in ops], single=False)(w)
+        return placed
+
+
 def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
     return (a.partitioner, a.sticky_batch_size, a.adaptive, a.partition_availability_timeout) == \
         (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
@@ -291,7 +312,7 @@ class Broker:
         self._check_writable()
         config = self._publish_config(queue)
         encoded = self._encode_batch(config, ((payload, key, headers),), self.clock.wall_ns())
-        return self._store.write(self._publish_op(queue, encoded, single=True))
+        return self._store.write(_PublishOne(self, queue, encoded))
 
     def publish_many(self, queue: str, items: Iterable,
                      checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:

@@ -9,6 +9,11 @@ Failure handling, in order:
   and the batch runs again; at ``max_map_size`` every operation fails with ``StorageFull``.
 * any other exception from a batch of several operations: the batch is aborted and each
   operation runs again alone, so one bad operation fails only its own caller.
+
+Merging: an operation with a ``merge_key`` attribute runs together with every other operation
+of the batch that has the same key, through ``type(op).run_merged(writer, ops)``, which returns
+one result per op (the broker merges single publishes to one queue into one append per
+partition). The merged group runs at its first member's place; members keep their order.
 """
 from __future__ import annotations
 
@@ -146,11 +151,7 @@ class GroupCommitWriter:
                 try:
                     replicating = txn.get(b"slots", db=meta) is not None
                     writer = Writer(store, txn, replicating)
-                    results, replicated = [], []
-                    for pending in batch:
-                        before = len(writer.changes)
-                        results.append(pending.op(writer))
-                        replicated.append(len(writer.changes) > before)
+                    results, replicated = _run_ops(writer, batch)
                     lsn = writer.finish(changes_db)
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
@@ -164,6 +165,37 @@ class GroupCommitWriter:
             finally:
                 gate.leave()
             store.grow_map()  # raises StorageFull at the limit; otherwise try again, bigger
+
+
+def _run_ops(writer: Writer, batch: list[Pending]) -> tuple[list, list[bool]]:
+    """Run every operation of the batch, merging those that share a ``merge_key``. Returns the
+    results and, per operation, whether it wrote replicated changes."""
+    groups: dict[object, list[int]] = {}
+    steps: list[tuple[object, int]] = []
+    for i, pending in enumerate(batch):
+        key = getattr(pending.op, "merge_key", None)
+        if key is None:
+            steps.append((None, i))
+        elif key in groups:
+            groups[key].append(i)
+        else:
+            groups[key] = [i]
+            steps.append((key, i))
+    results: list = [None] * len(batch)
+    replicated = [False] * len(batch)
+    for key, i in steps:
+        before = len(writer.changes)
+        members = groups[key] if key is not None else (i,)
+        if len(members) == 1:
+            results[i] = batch[i].op(writer)
+        else:
+            ops = [batch[j].op for j in members]
+            for j, result in zip(members, type(ops[0]).run_merged(writer, ops)):
+                results[j] = result
+        wrote = len(writer.changes) > before
+        for j in members:
+            replicated[j] = wrote
+    return results, replicated
 
 
 def _translate(exc: BaseException, path: str) -> BaseException:
