@@ -19,7 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {"name", "unit", "value", "peer", "peer_value", "ratio"}
 PEERS = {"raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",
-         "raw_lmdb_put_batch_1000", "persistqueue_put", "litequeue_put", "redis_xadd",
+         "raw_lmdb_put_batch_1000", "raw_lmdb_partitioned_put_batch_1000", "persistqueue_put",
+         "litequeue_put", "redis_xadd",
          "redis_xadd_pipeline_100", "redis_xreadgroup_xack_100", "persistqueue_get_ack",
          "litequeue_pop_done"}
 PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
@@ -28,6 +29,7 @@ PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_publish_many_batch_100", "partq_publish_many_batch_100_vs_redis_xadd_pipeline_100",
          "partq_publish_many_batch_1000",
          "partq_publish_many_batch_1000_vs_redis_xadd_pipeline_100",
+         "partq_publish_many_batch_1000_vs_raw_lmdb_same_layout",
          "partq_receive_ack_many_1_flow", "partq_receive_ack_many_1_flow_vs_persistqueue_get_ack",
          "partq_receive_ack_many_1_flow_vs_litequeue_pop_done", "partq_receive_ack_many_4_flows",
          "partq_receive_ack_many_4_flows_vs_persistqueue_get_ack",
