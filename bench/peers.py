@@ -83,11 +83,11 @@ from statistics import median
 import lmdb
 
 import partq
+from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish,
+                       partq_publish_many, raw_lmdb_partitioned_puts, raw_lmdb_puts, scratch_dir,
+                       timed_rate)
 
-PAYLOAD = bytes(range(256))
 PAYLOAD_STR = ("0123456789abcdef" * 16)          # litequeue stores text: 256 ASCII characters
-PARTITIONS = 4
-KEYS = [f"customer-{i}" for i in range(1024)]
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results"
 BYTES_PER_MSG_GUESS = 500          # on-disk bytes per 256-byte message before one was measured
@@ -131,83 +131,7 @@ def log(msg: str) -> None:
     print(f"[peers] {msg}", file=sys.stderr, flush=True)
 
 
-@contextmanager
-def scratch_dir():
-    path = tempfile.mkdtemp(prefix="partq-bench-peers-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def timed_rate(loop, seconds: float) -> float:
-    """``loop(deadline)`` returns the messages it handled; messages per second."""
-    start = time.perf_counter()
-    n = loop(start + seconds)
-    return n / (time.perf_counter() - start)
-
-
 # ---------------------------------------------------------------------------- partq
-@contextmanager
-def partq_broker(path: str | None = None, durability: str = "sync", create: bool = True):
-    with (scratch_dir() if path is None else _nullctx(path)) as d:
-        b = partq.Broker.open(d, durability=durability)
-        try:
-            if create:
-                b.create_queue("q", partitions=PARTITIONS, rebalance_delay=0.0,
-                               max_handoff_time=0.0)
-            yield b
-        finally:
-            b.close()
-
-
-@contextmanager
-def _nullctx(value):
-    yield value
-
-
-def partq_publish(threads: int, seconds: float) -> float:
-    with partq_broker() as b:
-        b.publish("q", PAYLOAD, key=KEYS[0])
-        counts = [0] * threads
-        start_line = threading.Barrier(threads + 1)
-        deadline = [0.0]
-
-        def publisher(t: int) -> None:
-            publish, n, k = b.publish, 0, t
-            start_line.wait()
-            end = deadline[0]
-            while time.perf_counter() < end:
-                publish("q", PAYLOAD, key=KEYS[k % 1024])
-                n += 1
-                k += threads
-            counts[t] = n
-
-        workers = [threading.Thread(target=publisher, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        start = time.perf_counter()
-        deadline[0] = start + seconds
-        start_line.wait()
-        for w in workers:
-            w.join()
-        return sum(counts) / (time.perf_counter() - start)
-
-
-def partq_publish_many(batch: int, seconds: float) -> float:
-    with partq_broker() as b:
-        items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]
-        b.publish_many("q", items[:1])
-
-        def loop(deadline: float) -> int:
-            n = 0
-            while time.perf_counter() < deadline:
-                b.publish_many("q", items)
-                n += batch
-            return n
-        return timed_rate(loop, seconds)
-
-
 def partq_prefill(path: str, count: int) -> None:
     """A 4-partition keyed queue with ``count`` messages, written without fsyncs, then synced."""
     with partq_broker(path, durability="async") as b:
@@ -276,52 +200,6 @@ def fsync_file(path: str) -> None:
 
 
 # ---------------------------------------------------------------------------- raw LMDB
-def raw_lmdb_puts(batch: int, seconds: float) -> float:
-    with scratch_dir() as path:
-        env = lmdb.open(path, map_size=8 << 30, sync=True)
-        try:
-            def loop(deadline: float) -> int:
-                n = 0
-                while time.perf_counter() < deadline:
-                    with env.begin(write=True) as txn:
-                        put = txn.put
-                        for i in range(n, n + batch):
-                            put(i.to_bytes(16, "big"), PAYLOAD)
-                    n += batch
-                return n
-            return timed_rate(loop, seconds)
-        finally:
-            env.close()
-
-
-def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
-    """The physical limit for partq's own data shape: the same batch spread over 4 partitions'
-    key ranges of one database (16-byte (queue, partition, seq) keys, so each commit inserts at 4
-    places in the tree) and crc-framed record values of partq's size. Sequential keys in one
-    range (``raw_lmdb_puts``) fill pages fuller and dirty fewer of them per commit."""
-    import struct
-    from partq.storage.encoding import encode_record
-    key = struct.Struct(">IIQ").pack
-    record = encode_record(time.time_ns(), "k0000", None, PAYLOAD)
-    per = batch // 4
-    with scratch_dir() as path:
-        env = lmdb.open(path, map_size=8 << 30, sync=True)
-        try:
-            def loop(deadline: float) -> int:
-                n = 0
-                while time.perf_counter() < deadline:
-                    with env.begin(write=True) as txn:
-                        put = txn.put
-                        for p in range(4):
-                            for s in range(n // 4, n // 4 + per):
-                                put(key(1, p, s), record)
-                    n += 4 * per
-                return n
-            return timed_rate(loop, seconds)
-        finally:
-            env.close()
-
-
 # ---------------------------------------------------------------------------- persist-queue
 SQLITE_SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
@@ -812,12 +690,12 @@ def main(argv: list[str] | None = None) -> int:
         log("publish ...")
         publish_jobs = [
             ("raw_lmdb_put_batch_1", lambda t: raw_lmdb_puts(1, t)),
-            ("partq_publish_1_thread", lambda t: partq_publish(1, t)),
+            ("partq_publish_1_thread", lambda t: partq_publish(1, t)[0]),
             ("persistqueue_put", persistqueue_put),
             ("litequeue_put", litequeue_put),
             ("redis_xadd", redis_job(lambda t: redis_server.xadd(1, t))),
             ("raw_lmdb_put_batch_32", lambda t: raw_lmdb_puts(32, t)),
-            ("partq_publish_32_threads", lambda t: partq_publish(32, t)),
+            ("partq_publish_32_threads", lambda t: partq_publish(32, t)[0]),
             ("raw_lmdb_put_batch_100", lambda t: raw_lmdb_puts(100, t)),
             ("partq_publish_many_batch_100", lambda t: partq_publish_many(100, t)),
             ("redis_xadd_pipeline_100", redis_job(lambda t: redis_server.xadd(100, t))),

@@ -28,21 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
-import threading
-import time
-from contextlib import contextmanager
 from statistics import median
 
-import lmdb
-
-import partq
-
-PAYLOAD = bytes(range(256))
-PARTITIONS = 4
-KEYS = [f"customer-{i}" for i in range(1024)]
+from workloads import partq_publish, partq_publish_many, raw_lmdb_puts
 
 
 def emit(name: str, unit: str, value: float, peer: str | None = None,
@@ -52,100 +41,6 @@ def emit(name: str, unit: str, value: float, peer: str | None = None,
         line.update(peer=peer, peer_value=round(peer_value, 1),
                     ratio=round(value / peer_value, 3) if peer_value else None)
     print(json.dumps(line), flush=True)
-
-
-@contextmanager
-def scratch_dir():
-    path = tempfile.mkdtemp(prefix="partq-bench-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextmanager
-def broker():
-    with scratch_dir() as path:
-        b = partq.Broker.open(path)
-        try:
-            b.create_queue("q", partitions=PARTITIONS)
-            yield b
-        finally:
-            b.close()
-
-
-def rate(loop, seconds: float) -> float:
-    """Run ``loop(deadline)`` (returns messages sent); messages per second."""
-    start = time.perf_counter()
-    sent = loop(start + seconds)
-    return sent / (time.perf_counter() - start)
-
-
-# ---------------------------------------------------------------------------- partq
-def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
-    """Messages per second, and messages per group commit (from the store's counters)."""
-    with broker() as b:
-        b.publish("q", PAYLOAD, key=KEYS[0])  # warm the config cache
-        counts = [0] * threads
-        start_line = threading.Barrier(threads + 1)
-        deadline = [0.0]
-
-        def publisher(t: int) -> None:
-            publish, n, k = b.publish, 0, t
-            start_line.wait()
-            end = deadline[0]
-            while time.perf_counter() < end:
-                publish("q", PAYLOAD, key=KEYS[k % 1024])
-                n += 1
-                k += threads
-            counts[t] = n
-
-        workers = [threading.Thread(target=publisher, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        writer = b._store._writer  # internal counters, read for this diagnostic only
-        commits_before = writer.commits
-        start = time.perf_counter()
-        deadline[0] = start + seconds
-        start_line.wait()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - start
-        commits = writer.commits - commits_before
-        return sum(counts) / elapsed, sum(counts) / max(commits, 1)
-
-
-def partq_publish_many(batch: int, seconds: float) -> float:
-    with broker() as b:
-        items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]
-        b.publish_many("q", items[:1])
-
-        def loop(deadline: float) -> int:
-            n = 0
-            while time.perf_counter() < deadline:
-                b.publish_many("q", items)
-                n += batch
-            return n
-        return rate(loop, seconds)
-
-
-# ---------------------------------------------------------------------------- raw LMDB
-def raw_lmdb_puts(batch: int, seconds: float) -> float:
-    with scratch_dir() as path:
-        env = lmdb.open(path, map_size=8 << 30, sync=True)
-        try:
-            def loop(deadline: float) -> int:
-                n = 0
-                while time.perf_counter() < deadline:
-                    with env.begin(write=True) as txn:
-                        put = txn.put
-                        for i in range(n, n + batch):
-                            put(i.to_bytes(16, "big"), PAYLOAD)
-                    n += batch
-                return n
-            return rate(loop, seconds)
-        finally:
-            env.close()
 
 
 def paired(raw, ours, seconds: float, rounds: int) -> tuple[float, tuple]:

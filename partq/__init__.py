@@ -8,6 +8,7 @@
         for msg in flow.receive(max_messages=100, timeout=1.0):
             flow.ack(msg)
 """
+from partq import errors as _errors
 from partq.errors import *  # noqa: F401,F403  (the typed errors are part of the public API)
 from partq.broker import Broker
 from partq.clock import ManualClock, SystemClock
@@ -19,3 +20,7 @@ from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 
 __version__ = "0.1.0"
+
+__all__ = ["Broker", "Flow", "FlowChangeUpdate", "FlowStatus", "InvalidAck", "ManualClock",
+           "Message", "PartitionStatus", "PublishResult", "QueueConfig", "QueueStatus",
+           "SystemClock", "key_partition", *_errors.__all__]

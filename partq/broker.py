@@ -191,7 +191,6 @@ class Broker:
 
     def replication_status(self):
         """Role, link state and lag (in messages and seconds) of DR replication."""
-        from partq.replication import ReplicationStatus
         if self._follower is not None:
             return self._follower.status()
         if self._replication is not None:

@@ -31,7 +31,7 @@ import msgpack
 from partq.errors import StorageFull
 from partq.storage import crashpoints
 from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
-                                    partition_key, unpack_log_key, unpack_u64)
+                                    partition_key, unpack_u64)
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 _U32_MAX = 0xFFFFFFFF

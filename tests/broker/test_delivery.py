@@ -13,22 +13,9 @@ import pytest
 
 import partq
 
-DELAY = 5.0
-HANDOFF = 3.0
-
+from broker_helpers import DELAY, HANDOFF, drain  # noqa: F401
 
 # ---------------------------------------------------------------------- helpers
-def drain(flow, max_rounds: int = 100, ack: bool = True, batch: int = 1000) -> list:
-    out = []
-    for _ in range(max_rounds):
-        got = flow.receive(batch)
-        if not got:
-            break
-        out += got
-        if ack:
-            flow.ack_many(got)
-    return out
-
 
 def keys_for_partitions(n: int, count_per_partition: int = 1) -> dict[int, list[str]]:
     """Key strings landing in each partition under S1 (crc32c % n)."""

@@ -7,26 +7,12 @@
 """
 from __future__ import annotations
 
-import pytest
 
 import partq
 
-DELAY = 5.0
-HANDOFF = 3.0
-
+from broker_helpers import DELAY, HANDOFF, drain  # noqa: F401
 
 # ---------------------------------------------------------------------- helpers
-def drain(flow, max_rounds: int = 100, ack: bool = True, batch: int = 1000) -> list:
-    out = []
-    for _ in range(max_rounds):
-        got = flow.receive(batch)
-        if not got:
-            break
-        out += got
-        if ack:
-            flow.ack_many(got)
-    return out
-
 
 def owners(broker: partq.Broker, queue: str) -> list[str | None]:
     return [p.flow for p in broker.queue_status(queue).partitions]

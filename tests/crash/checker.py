@@ -117,8 +117,6 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True) -> dict:
     attempts: dict[str, dict] = {}          # id -> attempt event
     published: dict[str, dict] = {}         # id -> published event
     scales: list[dict] = []                 # {"to", "begin", "end"} in begin order
-    deliveries: list[dict] = []             # in real order
-    acks: list[tuple[int, str]] = []        # (position among deliveries+acks, id)
     stream: list[dict] = []                 # delivered and acked events, in real order
 
     for events in logs:

@@ -24,7 +24,7 @@ def test_sync_publish_waits_for_the_standby_and_times_out_without_it(tmp_path, p
                               tmp_path / "s1.json")
         wait_until(lambda: primary.replication_status().connected, 30, "the standby",
                    procs=[standby])
-        r = primary.publish("q", b"one", key="a")
+        primary.publish("q", b"one", key="a")
         st = primary.replication_status()
         assert st.applied_lsn >= st.head_lsn, "a sync publish returned before the standby acked"
 

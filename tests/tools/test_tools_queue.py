@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 
 import partq
 from partq.tools import common

@@ -1,0 +1,149 @@
+"""The workloads the benchmarks share: partq's publishing paths and raw py-lmdb puts.
+
+Each returns messages per second over ``seconds``; scratch directories are removed after.
+(Imported by ``bench/publish.py`` and ``bench/peers.py``: a script's own folder is on sys.path.)
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+
+import lmdb
+
+import partq
+
+PAYLOAD = bytes(range(256))
+PARTITIONS = 4
+KEYS = [f"customer-{i}" for i in range(1024)]
+
+
+@contextmanager
+def scratch_dir():
+    path = tempfile.mkdtemp(prefix="partq-bench-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def timed_rate(loop, seconds: float) -> float:
+    """``loop(deadline)`` returns the messages it handled; messages per second."""
+    start = time.perf_counter()
+    n = loop(start + seconds)
+    return n / (time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------- partq
+@contextmanager
+def partq_broker(path: str | None = None, durability: str = "sync", create: bool = True):
+    with (scratch_dir() if path is None else _nullctx(path)) as d:
+        b = partq.Broker.open(d, durability=durability)
+        try:
+            if create:
+                b.create_queue("q", partitions=PARTITIONS, rebalance_delay=0.0,
+                               max_handoff_time=0.0)
+            yield b
+        finally:
+            b.close()
+
+
+@contextmanager
+def _nullctx(value):
+    yield value
+
+
+def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
+    """Messages per second, and messages per group commit (from the store's counters)."""
+    with partq_broker() as b:
+        b.publish("q", PAYLOAD, key=KEYS[0])  # warm the config cache
+        counts = [0] * threads
+        start_line = threading.Barrier(threads + 1)
+        deadline = [0.0]
+
+        def publisher(t: int) -> None:
+            publish, n, k = b.publish, 0, t
+            start_line.wait()
+            end = deadline[0]
+            while time.perf_counter() < end:
+                publish("q", PAYLOAD, key=KEYS[k % 1024])
+                n += 1
+                k += threads
+            counts[t] = n
+
+        workers = [threading.Thread(target=publisher, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        writer = b._store._writer  # internal counters, read for this diagnostic only
+        commits_before = writer.commits
+        start = time.perf_counter()
+        deadline[0] = start + seconds
+        start_line.wait()
+        for w in workers:
+            w.join()
+        elapsed = time.perf_counter() - start
+        commits = writer.commits - commits_before
+        return sum(counts) / elapsed, sum(counts) / max(commits, 1)
+
+
+def partq_publish_many(batch: int, seconds: float) -> float:
+    with partq_broker() as b:
+        items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]
+        b.publish_many("q", items[:1])
+
+        def loop(deadline: float) -> int:
+            n = 0
+            while time.perf_counter() < deadline:
+                b.publish_many("q", items)
+                n += batch
+            return n
+        return timed_rate(loop, seconds)
+
+
+# ---------------------------------------------------------------------------- raw LMDB
+def raw_lmdb_puts(batch: int, seconds: float) -> float:
+    with scratch_dir() as path:
+        env = lmdb.open(path, map_size=8 << 30, sync=True)
+        try:
+            def loop(deadline: float) -> int:
+                n = 0
+                while time.perf_counter() < deadline:
+                    with env.begin(write=True) as txn:
+                        put = txn.put
+                        for i in range(n, n + batch):
+                            put(i.to_bytes(16, "big"), PAYLOAD)
+                    n += batch
+                return n
+            return timed_rate(loop, seconds)
+        finally:
+            env.close()
+
+
+def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
+    """The physical limit for partq's own data shape: the same batch spread over 4 partitions'
+    key ranges of one database (16-byte (queue, partition, seq) keys, so each commit inserts at 4
+    places in the tree) and crc-framed record values of partq's size. Sequential keys in one
+    range (``raw_lmdb_puts``) fill pages fuller and dirty fewer of them per commit."""
+    import struct
+    from partq.storage.encoding import encode_record
+    key = struct.Struct(">IIQ").pack
+    record = encode_record(time.time_ns(), "k0000", None, PAYLOAD)
+    per = batch // 4
+    with scratch_dir() as path:
+        env = lmdb.open(path, map_size=8 << 30, sync=True)
+        try:
+            def loop(deadline: float) -> int:
+                n = 0
+                while time.perf_counter() < deadline:
+                    with env.begin(write=True) as txn:
+                        put = txn.put
+                        for p in range(4):
+                            for s in range(n // 4, n // 4 + per):
+                                put(key(1, p, s), record)
+                    n += 4 * per
+                return n
+            return timed_rate(loop, seconds)
+        finally:
+            env.close()
