@@ -34,14 +34,13 @@ from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, crashpoints
-from partq.storage.encoding import _CRC, check_headers, decode_meta, pack_u64, unpack_u64
-from partq.storage.encoding import _packer as _record_packer
+from partq.storage.encoding import (check_headers, decode_meta, frame_crc, pack_record_body,
+                                    pack_u64, unpack_u64)
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 log = logging.getLogger("partq.broker")
 
 TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
-POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
 
 
 class _PublishOne:
@@ -61,8 +60,7 @@ class _PublishOne:
     @staticmethod
     def run_merged(w, ops: list["_PublishOne"]) -> list:
         first = ops[0]
-        placed = first.broker._publish_op(first.queue, [op.items[0] for op in ops], single=False)(w)
-        return placed
+        return first.broker._publish_op(first.queue, [op.items[0] for op in ops], single=False)(w)
 
 
 def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
@@ -100,7 +98,8 @@ class Broker:
     """A partq directory opened for publishing, consuming and administration.
 
     Use ``Broker.open(path)``; close it (or use ``with``). Safe to share between threads of one
-    process; not across ``fork()`` (open it again in the child).
+    process; not across ``fork()``: a forked child gets ``UsedAcrossFork`` (LMDB cannot reopen
+    its parent's files there either), so open brokers after forking, or use 'spawn'.
     """
 
     def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
@@ -229,22 +228,11 @@ class Broker:
         """Standby: load a snapshot received from the primary. It is copied into the live store
         in one transaction (readers never see a closed or half-loaded store, and a crash leaves
         the previous state), together with this standby's own meta keys."""
-        import lmdb
-
-        from partq.storage.txn import DB_NAMES
         with self._store.read() as r:
             standby_id = r.meta(b"standby_id")
-        env = lmdb.open(snapshot_dir, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 2)
-        try:
-            with env.begin() as src:
-                names = {k.decode() for k, _ in src.cursor()}
-                src_dbs = {name: env.open_db(name.encode(), txn=src, create=False)
-                           for name in DB_NAMES if name in names}
-                keep = {b"slots": None, b"role": b"standby", b"applied_lsn": pack_u64(lsn),
-                        b"standby_id": standby_id}
-                self._store.write(lambda w: w.load_snapshot(src, src_dbs, keep))
-        finally:
-            env.close()
+        self._store.install_snapshot(snapshot_dir, {
+            b"slots": None, b"role": b"standby", b"applied_lsn": pack_u64(lsn),
+            b"standby_id": standby_id})
 
     @property
     def path(self) -> str:
@@ -371,7 +359,7 @@ class Broker:
         sees (S1). The record layout is ``storage.encoding``'s; this loop is the hot path of
         publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
         max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
-        pack, crc, crc_pack = _record_packer.pack, crc32c_of, _CRC.pack
+        pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
         if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
             raise InvalidMessage(f"publish_many takes an iterable of messages, not "
                                  f"{type(items).__name__}")
@@ -460,8 +448,9 @@ class Broker:
                     results: bool = True):
         """The write that places records: partitions are chosen inside the transaction, from the
         partition count it sees, so a concurrent scale from another process cannot misplace.
-        ``items`` are (key hash or None, record) as ``_encode`` makes them. With ``results=False`` (bulk callers that discard them) it returns (published,
-        discarded) counts instead of one PublishResult per record."""
+        ``items`` are (key hash or None, record) as ``_encode_batch`` makes them. With
+        ``results=False`` (bulk callers that discard them) it returns (published, discarded)
+        counts instead of one PublishResult per record."""
 
         def op(w):
             config = self._config_in(w, queue)

@@ -10,6 +10,8 @@ from collections import deque
 from typing import Callable, Iterable, Iterator
 
 from partq.message import FlowChangeUpdate, Message
+
+POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
 from partq.storage import crashpoints
 
 
@@ -100,7 +102,7 @@ class Flow:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            broker._wait_for_data(gen, min(remaining, 0.02))
+            broker._wait_for_data(gen, min(remaining, POLL_INTERVAL))
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
                  poll: float = 0.2) -> Iterator[Message]:

@@ -272,6 +272,22 @@ class Store:
             used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
         return used * psize < limit
 
+    def install_snapshot(self, snapshot_dir: str, keep_meta: dict[bytes, bytes | None]) -> None:
+        """Replace this store's contents with the LMDB environment in ``snapshot_dir`` (a
+        DR-standby bootstrapping), in one write transaction together with ``keep_meta``."""
+        try:
+            env = lmdb.open(snapshot_dir, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 2)
+        except lmdb.Error as exc:
+            raise CorruptStore(f"the snapshot in {snapshot_dir} cannot be opened: {exc}") from None
+        try:
+            with env.begin() as src:
+                names = {k.decode() for k, _ in src.cursor()}
+                src_dbs = {name: env.open_db(name.encode(), txn=src, create=False)
+                           for name in DB_NAMES if name in names}
+                self.write(lambda w: w.load_snapshot(src, src_dbs, keep_meta))
+        finally:
+            env.close()
+
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
         commit does not run the write, hit MapFull, grow and run it all again."""
