@@ -64,9 +64,10 @@ class QueueDelivery:
         self.flows: dict[str, object] = {}   # flow id -> Flow
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
+        self.pending_ops: list = []   # writes from construction, submitted with the first bind
         if self.core.n != config.partitions:
             # scaled while no process ran delivery: rebalance at once, as scaling does (S18)
-            self._run(self.core.partition_count_changed(config.partitions, now), now)
+            self.pending_ops = self._run(self.core.partition_count_changed(config.partitions, now), now)
 
     def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
         """The stored config changed (here or in another process): take the new settings, and
@@ -86,7 +87,8 @@ class QueueDelivery:
     # ------------------------------------------------------------------ core events
     def bind(self, flow, hint, now: float) -> list:
         self.flows[flow.flow_id] = flow
-        return self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
+        ops, self.pending_ops = self.pending_ops, []
+        return ops + self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
 
     def unbind(self, flow, now: float) -> list:
         self.flows.pop(flow.flow_id, None)

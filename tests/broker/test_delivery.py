@@ -329,3 +329,23 @@ def test_receive_on_unbound_flow_raises(broker):
     f.unbind()
     with pytest.raises(partq.FlowClosed):
         f.receive(1)
+
+
+def test_a_count_changed_while_nobody_delivered_is_stored_at_the_first_bind(open_broker, clock):
+    """Scaled while no process ran delivery: the first bind reconciles the assignment to the new
+    count, and another broker reading the stored state sees every partition assigned."""
+    b = open_broker()
+    b.create_queue("grow", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    b.bind("grow", name="a")
+    b.close()
+    b = open_broker()
+    b.scale("grow", 4)                      # nobody delivers this queue in this process yet
+    flow = b.bind("grow", name="a")
+    assert flow.partitions == frozenset(range(4))
+    observer = partq.Broker.open(b.path, clock=clock)   # reads the stored state, not b's memory
+    try:
+        st = observer.queue_status("grow")
+        assert [p.status for p in st.partitions] == ["Ready"] * 4
+        assert [p.flow for p in st.partitions] == [flow.flow_id] * 4
+    finally:
+        observer.close()
