@@ -268,8 +268,12 @@ class Writer(Reader):
         self._change("append", qid, partition, first, records)
         return first
 
-    def ack(self, qid: int, partition: int, seqs: Iterable[int]) -> AckState:
-        """Record acks durably and truncate the acked prefix from the log (S26)."""
+    def ack(self, qid: int, partition: int, seqs: Iterable[int]) -> AckState | None:
+        """Record acks durably and truncate the acked prefix from the log (S26). Acks for a
+        partition that does not exist (dropped by a scale-down after the messages were
+        delivered) change nothing and return None: they must not bring back its state."""
+        if not self.has_partition(qid, partition):
+            return None
         state = self.ack_state(qid, partition)
         old_floor = state.floor
         seqs = list(seqs)
@@ -298,6 +302,8 @@ class Writer(Reader):
         return n
 
     def set_delivered_mark(self, qid: int, partition: int, mark: int) -> None:
+        if not self.has_partition(qid, partition):
+            return      # dropped meanwhile (see ack)
         state = self.ack_state(qid, partition)
         if mark > state.delivered_mark:
             state.delivered_mark = mark

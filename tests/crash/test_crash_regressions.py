@@ -104,3 +104,33 @@ def test_nack_after_a_scale_down_removed_the_partition(tmp_path):
         b.scale("q", 2)            # from another process in real life; the owner's tick applies it
         flow.nack(msg)
         flow.ack(msg)              # both accepted: the message went with its partition
+
+
+def test_a_late_ack_for_a_dropped_partition_does_not_resurrect_it(tmp_path):
+    """Found by the long random-kill run (seed 20261121, round 20): a consumer's ack of a message
+    received before a scale-down dropped its partition committed after the drop. It recreated
+    the partition's ack state with floor 0, the next scale-up saw a partition that existed and
+    left it so, and the records the drop had deleted could never be acked: the queue never
+    drained."""
+    clock = partq.ManualClock()
+    with partq.Broker.open(tmp_path / "d", clock=clock) as b:
+        b.create_queue("q", partitions=4, rebalance_delay=0.0, max_handoff_time=0.0)
+        key = key_for(3, 4)
+        b.publish_many("q", [(b"m%d" % i, key) for i in range(10)])
+        flow = b.bind("q", name="c")
+        held = [m for m in flow.receive(100) if m.partition == 3]
+        assert len(held) == 10
+        # Another broker (another process, in real use) scales; the owner has not ticked yet.
+        scaler = partq.Broker.open(tmp_path / "d", clock=clock)
+        try:
+            scaler.scale("q", 3)        # partition 3 and its messages go
+            flow.ack_many(held[5:])     # the owner's late ack of some of what it received
+            scaler.scale("q", 4)        # partition 3 comes back, empty
+        finally:
+            scaler.close()
+        b.tick()
+        b.publish("q", b"after", key=key)
+        got = drain(flow)
+        assert [(m.partition, m.payload) for m in got] == [(3, b"after")]
+        st = b.queue_status("q")
+        assert st.depth == 0, [(p.partition, p.depth, p.ack_floor, p.next_seq) for p in st.partitions]
