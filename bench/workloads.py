@@ -103,7 +103,9 @@ def partq_publish_many(batch: int, seconds: float) -> float:
 
 
 # ---------------------------------------------------------------------------- raw LMDB
-def raw_lmdb_puts(batch: int, seconds: float) -> float:
+def _raw_lmdb_rate(write_batch, seconds: float) -> float:
+    """Messages per second of ``write_batch(txn, n) -> messages put``, one fsynced write
+    transaction (``sync=True``) per call, in a scratch environment."""
     with scratch_dir() as path:
         env = lmdb.open(path, map_size=8 << 30, sync=True)
         try:
@@ -111,14 +113,21 @@ def raw_lmdb_puts(batch: int, seconds: float) -> float:
                 n = 0
                 while time.perf_counter() < deadline:
                     with env.begin(write=True) as txn:
-                        put = txn.put
-                        for i in range(n, n + batch):
-                            put(i.to_bytes(16, "big"), PAYLOAD)
-                    n += batch
+                        n += write_batch(txn, n)
                 return n
             return timed_rate(loop, seconds)
         finally:
             env.close()
+
+
+def raw_lmdb_puts(batch: int, seconds: float) -> float:
+    """``batch`` puts per transaction of the payload under sequential 16-byte keys."""
+    def write_batch(txn, n: int) -> int:
+        put = txn.put
+        for i in range(n, n + batch):
+            put(i.to_bytes(16, "big"), PAYLOAD)
+        return batch
+    return _raw_lmdb_rate(write_batch, seconds)
 
 
 def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
@@ -131,19 +140,11 @@ def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
     key = struct.Struct(">IIQ").pack
     record = encode_record(time.time_ns(), "k0000", None, PAYLOAD)
     per = batch // 4
-    with scratch_dir() as path:
-        env = lmdb.open(path, map_size=8 << 30, sync=True)
-        try:
-            def loop(deadline: float) -> int:
-                n = 0
-                while time.perf_counter() < deadline:
-                    with env.begin(write=True) as txn:
-                        put = txn.put
-                        for p in range(4):
-                            for s in range(n // 4, n // 4 + per):
-                                put(key(1, p, s), record)
-                    n += 4 * per
-                return n
-            return timed_rate(loop, seconds)
-        finally:
-            env.close()
+
+    def write_batch(txn, n: int) -> int:
+        put = txn.put
+        for p in range(4):
+            for s in range(n // 4, n // 4 + per):
+                put(key(1, p, s), record)
+        return 4 * per
+    return _raw_lmdb_rate(write_batch, seconds)
