@@ -740,7 +740,7 @@ class Broker:
                     parts.append(PartitionStatus(
                         partition=p, status=status,
                         flow=owner, flow_name=info.name if info else None,
-                        depth=head - ack.floor - len(ack.above), unacked=len(ps.inflight) if ps else 0,
+                        depth=ack.backlog(head), unacked=len(ps.inflight) if ps else 0,
                         next_seq=head, ack_floor=ack.floor,
                         error=str(ps.error) if ps is not None and ps.error else None))
             flows = [FlowStatus(f.flow_id, f.name, f.bound if qd is not None else False,

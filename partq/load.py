@@ -34,7 +34,7 @@ class LoadSampler:
             if progress != self._progress[p]:
                 self._progress[p] = progress
                 self._accepted[p] = now
-            backlog.append(max(0, reader.head(qid, p) - ack.floor - len(ack.above)))
+            backlog.append(max(0, ack.backlog(reader.head(qid, p))))
         self._taken = now
         self._load = PartitionLoad(backlog, list(self._accepted))
         return self._load

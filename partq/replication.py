@@ -410,7 +410,7 @@ def _stored_messages(r) -> int:
     for config in r.queues().values():
         for p in range(config["partitions"]):
             ack = r.ack_state(config["qid"], p)
-            total += r.head(config["qid"], p) - ack.floor - len(ack.above)
+            total += ack.backlog(r.head(config["qid"], p))
     return total
 
 

@@ -32,9 +32,7 @@ _CRC = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 log_key = _LOG_KEY.pack
-unpack_log_key = _LOG_KEY.unpack
 partition_key = _PART_KEY.pack
-unpack_partition_key = _PART_KEY.unpack
 pack_u64 = _U64.pack
 
 
@@ -138,6 +136,10 @@ class AckState:
             return cls(int(floor), set(above), int(mark))
         except Exception:
             raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or backup") from None
+
+    def backlog(self, head: int) -> int:
+        """Messages published and not acked, for a partition whose next sequence is ``head``."""
+        return head - self.floor - len(self.above)
 
     def is_acked(self, seq: int) -> bool:
         return seq < self.floor or seq in self.above

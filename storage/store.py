@@ -106,6 +106,7 @@ class Store:
         from partq.storage.group_commit import GroupCommitWriter
         self._writer = GroupCommitWriter(self)
         self._flusher = None
+        self._stop_flushing = threading.Event()
         if durability == "async":
             self._flusher = threading.Thread(target=self._flush_loop, name="partq-flush", daemon=True)
             self._flusher.start()
@@ -318,10 +319,7 @@ class Store:
             raise BrokerClosed(f"the store at {self.path} is closed; open it again")
 
     def _flush_loop(self) -> None:
-        while not self._closed:
-            threading.Event().wait(ASYNC_FLUSH_INTERVAL)
-            if self._closed:
-                return
+        while not self._stop_flushing.wait(ASYNC_FLUSH_INTERVAL):
             self._gate.enter()
             try:
                 if not self._closed:
@@ -350,6 +348,7 @@ class Store:
             if self._refs > 0:
                 return
             self._writer.stop()
+            self._stop_flushing.set()
             self._closed = True
             if _registry.get(self.path) is self:
                 del _registry[self.path]

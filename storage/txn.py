@@ -49,7 +49,7 @@ class Reader:
 
     # queues ------------------------------------------------------------------
     def queue(self, name: str) -> dict | None:
-        raw = self._txn.get(name.encode(), db=self._dbs["queues"])
+        raw = self.queue_raw(name)
         return None if raw is None else decode_meta(raw, f"config of queue {name!r}")
 
     def queue_raw(self, name: str) -> bytes | None:
