@@ -18,9 +18,10 @@ from partq.flow import Flow
 from partq.hashing import key_partition
 from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.storage.encoding import PARENT
 
 __version__ = "0.1.0"
 
 __all__ = ["Broker", "Flow", "FlowChangeUpdate", "FlowStatus", "InvalidAck", "ManualClock",
-           "Message", "PartitionStatus", "PublishResult", "QueueConfig", "QueueStatus",
+           "Message", "PARENT", "PartitionStatus", "PublishResult", "QueueConfig", "QueueStatus",
            "SystemClock", "key_partition", *_errors.__all__]

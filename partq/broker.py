@@ -22,7 +22,7 @@ from typing import Iterable
 
 from partq.clock import SystemClock
 from partq.config import MAX_PARTITIONS, USER_SETTABLE, QueueConfig
-from partq.delivery import QueueDelivery
+from partq.delivery import QueueDelivery, delivery_layout
 from partq.delivery_lock import DeliveryLock, queue_holder
 from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
                           QueueNotFound, StandbyReadOnly)
@@ -34,7 +34,7 @@ from partq.message import PublishResult
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, crashpoints
-from partq.storage.encoding import (check_headers, decode_meta, frame_crc, pack_record_body,
+from partq.storage.encoding import (PARENT, check_headers, decode_meta, frame_crc, pack_record_body,
                                     pack_u64, unpack_u64)
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
@@ -77,6 +77,23 @@ def _refuse_ingress(w, config: QueueConfig, count: int, single: bool):
     w.put_queue(config.name, dataclasses.replace(config, discarded=config.discarded + count).to_dict())
     dropped = PublishResult(-1, -1, discarded=True)
     return dropped if single else [dropped] * count
+
+
+def _create_logs(w, config: QueueConfig) -> None:
+    """Start the logs a queue delivers: its partitions, or the parent queue when exclusive. A
+    log that already exists (the parent after earlier exclusive use) keeps its messages."""
+    for p in range(config.partitions) if config.partitioned else (PARENT,):
+        if not w.has_partition(config.qid, p):
+            w.init_partition(config.qid, p)
+
+
+def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
+    """The storage side of a change of access type (seed 001): to non-partitioned the
+    partitions go with their messages; to partitioned the parent log stays as it is."""
+    if old.partitioned:
+        for p in reversed(range(old.partitions)):
+            w.drop_partition(old.qid, p)
+    _create_logs(w, new)
 
 
 _open_brokers: "weakref.WeakSet[Broker]" = weakref.WeakSet()
@@ -258,8 +275,7 @@ class Broker:
                 raise QueueExists(f"queue {name!r} already exists; pick another name or delete it")
             created = dataclasses.replace(config, qid=w.allocate_qid())
             w.put_queue(name, created.to_dict())
-            for p in range(created.partitions):
-                w.init_partition(created.qid, p)
+            _create_logs(w, created)
             return created
         return self._store.write(op)
 
@@ -458,6 +474,14 @@ class Broker:
                 refused = _refuse_ingress(w, config, len(items), single)
                 return refused if results else (0, len(items))
             n, qid = config.partitions, config.qid
+            if not config.partitioned:     # exclusive: the parent queue's log, in publish order
+                first = w.append(qid, PARENT, [record for _, record in items])
+                if single:
+                    return PublishResult(PARENT, first)
+                if not results:
+                    return len(items), 0
+                new = tuple.__new__
+                return [new(PublishResult, (PARENT, first + i, False)) for i in range(len(items))]
             choose = None
             if single:
                 key_hash, record = items[0]
@@ -496,19 +520,58 @@ class Broker:
     # ------------------------------------------------------------------ changing queues
     def update_queue(self, name: str, **changes) -> QueueConfig:
         """Change settings of a queue (delays, limits, partitioner, ingress/egress, discard
-        handling). The delivery owner, in this process or another, applies them within a tick."""
+        handling, access type). The delivery owner, in this process or another, applies them
+        within a tick.
+
+        ``access_type`` changes the queue between partitioned ("non-exclusive") and
+        non-partitioned ("exclusive"), as seed 001 describes: every bound flow is unbound
+        (``FlowClosed`` says why). To exclusive, the partitions are removed with their messages
+        and publishes go to the parent queue; to non-exclusive, the partitions are created
+        afresh and messages still in the parent queue stay there, no longer delivered: copy them
+        out with ``partq copy-out QUEUE --parent``. Done in one transaction."""
         self._check_writable()
         self.queue_config(name).updated(**changes)  # validate before writing
 
         def op(w):
             current = self._config_in(w, name)
             new = current.updated(**changes)
+            if new.partitioned != current.partitioned:
+                if current.scaling_status != "Ready":
+                    raise InvalidConfig(f"queue {name!r} is {current.scaling_status}; change its "
+                                        f"access type once the scaling has finished")
+                _change_logs(w, current, new)
             w.put_queue(name, new.to_dict())
             return new
         new = self._store.write(op)
         self._configs.pop(name, None)
         self.tick()
         return new
+
+    def ack_parent(self, name: str, seqs: Iterable[int]) -> int:
+        """Ack messages of the parent queue's log of a *partitioned* queue: the ones a change
+        from exclusive to non-exclusive left there, which nothing delivers any more. Call it once
+        copies of them are durable elsewhere (``partq copy-out QUEUE --parent --move`` does);
+        acked messages leave the log (S26). Returns how many were newly acked. Refused while the
+        queue is exclusive: its parent log is then delivered, and acks go through a flow."""
+        self._check_writable()
+        seqs = list(seqs)
+        if not all(type(s) is int and s >= 0 for s in seqs):
+            raise InvalidConfig("parent-queue sequences must be integers >= 0")
+
+        def op(w):
+            config = self._config_in(w, name)
+            if not config.partitioned:
+                raise InvalidConfig(f"queue {name!r} is exclusive: its parent-queue log is what it "
+                                    f"delivers; ack its messages through a flow")
+            if not w.has_partition(config.qid, PARENT):
+                return 0
+            head = w.head(config.qid, PARENT)
+            state = w.ack_state(config.qid, PARENT)
+            new = sorted({s for s in seqs if s < head and not state.is_acked(s)})
+            if new:
+                w.ack(config.qid, PARENT, new)
+            return len(new)
+        return self._store.write(op)
 
     def scale(self, name: str, partitions: int, progress=None) -> QueueConfig:
         """Change the partition count (S18), one step per commit so statuses are visible.
@@ -525,6 +588,9 @@ class Broker:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not {partitions!r}")
         config = self.queue_config(name)
+        if not config.partitioned:
+            raise InvalidConfig(f"queue {name!r} is exclusive (non-partitioned); make it "
+                                f"partitioned with access_type='non-exclusive' to scale it")
         if config.scaling_status != "Ready":
             self._finish_scaling(name, progress)
             config = self.queue_config(name)
@@ -621,11 +687,15 @@ class Broker:
                 raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
         with self._lock:
             qd = self._delivery(queue)
+            now = self.clock.now()
+            with self._store.read() as r:      # a change stored since the last tick comes first
+                ops = self._config_ops(qd, r, now)
             if name is not None and qd.core.find_bound(name) is not None:
+                self._submit(ops)
                 raise InvalidConfig(f"a flow named {name!r} is already bound to {queue!r}; "
                                     f"unbind it first or pick another name")
             flow = Flow(self, qd, uuid.uuid4().hex[:12], name, skip_corrupt)
-            fut = self._submit(qd.bind(flow, hint, self.clock.now()))
+            fut = self._submit(ops + qd.bind(flow, hint, now))
         self._wait(fut)
         return flow
 
@@ -684,15 +754,22 @@ class Broker:
         if self._deliveries:
             with self._store.read() as r:
                 for qd in self._deliveries.values():
-                    raw = r.queue_raw(qd.name)
-                    if raw is not None and raw != qd.config_raw:
-                        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
-                        ops += qd.apply_config(config, raw, r, now)
+                    ops += self._config_ops(qd, r, now)
         for qd in self._deliveries.values():
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
                 ops += qd.tick(now)
         return ops
+
+    @staticmethod
+    def _config_ops(qd: QueueDelivery, r, now: float) -> list:
+        """Apply the queue's stored config to its delivery runtime if it changed (in this
+        process or another) since the runtime last looked."""
+        raw = r.queue_raw(qd.name)
+        if raw is None or raw == qd.config_raw:
+            return []
+        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
+        return qd.apply_config(config, raw, r, now)
 
     def _tick_loop(self) -> None:
         while not self._ticker_stop.wait(TICK_INTERVAL):
@@ -707,7 +784,8 @@ class Broker:
     def queue_status(self, queue: str) -> QueueStatus:
         """Statuses, flows and depths of ``queue``. From a process that does not run its
         delivery, assignments and statuses are those the owner last persisted; when no process
-        runs it, the flows of the last owner are shown unbound and their partitions Unbound."""
+        runs it, the flows of the last owner are shown unbound and their partitions Unbound.
+        An exclusive queue shows one partition, ``PARENT``: the parent queue's log."""
         with self._lock:
             qd = self._deliveries.get(queue)
             with self._store.read() as r:
@@ -715,42 +793,52 @@ class Broker:
                 if raw is None:
                     raise QueueNotFound(f"no queue named {queue!r}")
                 config = QueueConfig.from_dict(raw)
+                mode, index = delivery_layout(config)
                 owner_text = queue_holder(self.path, config.qid)
-                if qd is not None:
+                if qd is not None and qd.mode == mode:
                     core, statuses, rebalance = qd.core, None, qd.core.status
                 else:
+                    qd = None
                     blob = r.state(config.qid)
                     state = decode_meta(blob, f"state of {queue!r}") if blob else None
+                    if state is not None and state.get("mode", "partitioned") != mode:
+                        state = None     # the owner has not applied an access-type change yet
                     core = (Rebalancer.restored(state["core"], 0, 0, 0) if state
-                            else Rebalancer(config.partitions, 0, 0))
+                            else Rebalancer(len(index), 0, 0))
                     live = state is not None and owner_text is not None
                     statuses = state["partition_status"] if live else None
                     rebalance = state["rebalance_status"] if live else "Ready"
                 parts = []
-                for p in range(config.partitions):
+                for slot, p in enumerate(index):
                     ack = r.ack_state(config.qid, p)
                     head = r.head(config.qid, p)
-                    owner = core.owner[p] if p < core.n else None
+                    owner = core.owner[slot] if slot < core.n else None
                     info = core.flows.get(owner) if owner else None
-                    ps = qd.parts[p] if qd is not None and p < len(qd.parts) else None
-                    if statuses and p < len(statuses):
-                        status = statuses[p]
+                    ps = qd.part(p) if qd is not None else None
+                    if statuses and slot < len(statuses):
+                        status = statuses[slot]
                     else:
-                        status = core.partition_status(p) if p < core.n else "Unassigned"
+                        status = core.partition_status(slot) if slot < core.n else "Unassigned"
                     parts.append(PartitionStatus(
                         partition=p, status=status,
                         flow=owner, flow_name=info.name if info else None,
                         depth=ack.backlog(head), unacked=len(ps.inflight) if ps else 0,
                         next_seq=head, ack_floor=ack.floor,
                         error=str(ps.error) if ps is not None and ps.error else None))
+                parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
+                                if r.has_partition(config.qid, PARENT) else 0)
+
+            def storage_partitions(slots) -> list[int]:
+                return sorted(index[s] for s in slots if s < len(index))
             flows = [FlowStatus(f.flow_id, f.name, f.bound if qd is not None else False,
-                                bool(f.partitions), sorted(f.partitions))
+                                bool(f.partitions), storage_partitions(f.partitions))
                      for f in sorted(core.flows.values(), key=lambda f: f.order)]
         return QueueStatus(
-            name=queue, partition_count=config.partitions, rebalance_status=rebalance,
+            name=queue, partition_count=config.operating_partitions, rebalance_status=rebalance,
             scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
             egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
-            partitions=parts, flows=flows, delivery_owner=owner_text)
+            partitions=parts, flows=flows, delivery_owner=owner_text,
+            access_type=config.access_type, parent_depth=parent_depth)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from partq.errors import InvalidConfig
 
 PARTITIONERS = ("random", "sticky")
+ACCESS_TYPES = ("non-exclusive", "exclusive")
 MAX_PARTITIONS = 1 << 16
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
 
@@ -32,6 +33,11 @@ class QueueConfig:
     egress_enabled: bool = True
     reject_msg_to_sender: bool = True
     reject_msg_to_sender_when_shutdown: bool = False
+    # "non-exclusive": a partitioned queue. "exclusive": a non-partitioned queue (its operating
+    # partition count is 0, as the seeds say): messages go to the parent queue's own log and one
+    # flow at a time receives them, the others standing by. ``partitions`` is kept and is the
+    # count again once access is non-exclusive.
+    access_type: str = "non-exclusive"
     # Maintained by the broker, not set by users:
     qid: int = 0
     scaling_status: str = "Ready"     # Ready | ScalingUp | ScalingDown (S18)
@@ -52,8 +58,20 @@ class QueueConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InvalidConfig(f"{f} must be a number of seconds >= 0, not {v!r}")
+        if self.access_type not in ACCESS_TYPES:
+            raise InvalidConfig(f"access_type must be one of {ACCESS_TYPES}, not {self.access_type!r}")
         if self.partitioner not in PARTITIONERS:
             raise InvalidConfig(f"partitioner must be one of {PARTITIONERS}, not {self.partitioner!r}")
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether messages go to partitions (non-exclusive) or to the parent queue (exclusive)."""
+        return self.access_type == "non-exclusive"
+
+    @property
+    def operating_partitions(self) -> int:
+        """The seeds' operating partition count: 0 while the queue is exclusive."""
+        return self.partitions if self.partitioned else 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

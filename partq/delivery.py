@@ -5,6 +5,12 @@ Everything here runs under the broker's lock and never waits for a commit: metho
 write operations to submit (in order, still under the lock) so that the caller can wait for the
 commit after releasing it.
 
+The core numbers its partitions 0..n-1 ("slots"); ``index[slot]`` is the storage partition the
+slot delivers. For a partitioned queue they are the same numbers; an exclusive (non-partitioned)
+queue has one slot whose log is the parent queue's (``PARENT``), so one flow receives and the
+others stand by, exactly as the core treats excess consumers of a one-partition queue.
+Messages, hints and ``Flow.partitions`` speak storage partitions; only the core sees slots.
+
 Per partition the shell keeps:
 * ``next``: the next sequence to look at for delivery;
 * ``ack``: a mirror of the durable ``AckState`` (floor, acked-above, delivered mark);
@@ -27,6 +33,7 @@ from partq.errors import CorruptRecord, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import (Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume)
 from partq.storage import crashpoints, decode_record
+from partq.storage.encoding import PARENT
 
 log = logging.getLogger("partq.delivery")
 
@@ -37,10 +44,31 @@ class InvalidAck(PartqError, ValueError):
     """An ack or nack names a message this queue never delivered."""
 
 
-class _Partition:
-    __slots__ = ("next", "ack", "inflight", "redeliver_upto", "high", "error")
+def delivery_layout(config: QueueConfig) -> tuple[str, list[int]]:
+    """The delivery mode of a config and the storage partition of each core slot."""
+    if config.partitioned:
+        return "partitioned", list(range(config.partitions))
+    return "exclusive", [PARENT]
 
-    def __init__(self, ack) -> None:
+
+def describe_mode(config: QueueConfig) -> str:
+    if config.partitioned:
+        return f"partitioned ({config.partitions} partition{'s' if config.partitions != 1 else ''})"
+    return "non-partitioned (exclusive access)"
+
+
+def _ack_stranded(w, qid: int, seqs: list[int]) -> None:
+    """Acks of parent-queue messages delivered before the queue became partitioned: the
+    messages stay in the parent log, so the acks are still recorded (copy-out skips them)."""
+    head = w.head(qid, PARENT)
+    w.ack(qid, PARENT, [s for s in seqs if s < head])
+
+
+class _Partition:
+    __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error")
+
+    def __init__(self, sp: int, ack) -> None:
+        self.sp = sp              # the storage partition (PARENT for an exclusive queue)
         self.ack = ack
         self.next = ack.floor
         self.inflight: dict[int, str] = {}
@@ -54,38 +82,76 @@ class QueueDelivery:
         self.config = config
         self.name = config.name
         self.qid = config.qid
+        self.mode, index = delivery_layout(config)
         blob = reader.state(self.qid)
-        if blob is None:
-            self.core = Rebalancer(config.partitions, config.rebalance_delay, config.max_handoff_time)
+        state = None if blob is None else msgpack.unpackb(blob, raw=False)
+        if state is None or state.get("mode", "partitioned") != self.mode:
+            # new, or the access type changed while no process ran delivery: nothing carries over
+            self.core = Rebalancer(len(index), config.rebalance_delay, config.max_handoff_time)
         else:
-            self.core = Rebalancer.restored(msgpack.unpackb(blob, raw=False)["core"],
-                                            config.rebalance_delay, config.max_handoff_time, now)
-        self.parts = [_Partition(reader.ack_state(self.qid, p)) for p in range(config.partitions)]
+            self.core = Rebalancer.restored(state["core"], config.rebalance_delay,
+                                            config.max_handoff_time, now)
+        self.parts: list[_Partition] = []
+        self.slot_of: dict[int, int] = {}     # storage partition -> slot
+        self._set_index(index, reader)
         self.flows: dict[str, object] = {}   # flow id -> Flow
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
-        self.pending_ops: list = []   # writes from construction, submitted with the first bind
-        if self.core.n != config.partitions:
+        # writes from construction, submitted with the first bind
+        if self.core.n != len(index):
             # scaled while no process ran delivery: rebalance at once, as scaling does (S18)
-            self.pending_ops = self._run(self.core.partition_count_changed(config.partitions, now), now)
+            self.pending_ops = self._run(self.core.partition_count_changed(len(index), now), now)
+        else:
+            self.pending_ops = self._state_ops()
+
+    def _set_index(self, index: list[int], reader) -> None:
+        """Deliver the storage partitions ``index`` (slot order); keep the state of those kept."""
+        kept = {ps.sp: ps for ps in self.parts}
+        for sp, ps in kept.items():
+            if sp not in index:
+                self._forget_inflight(ps)
+        self.parts = [kept.get(sp) or _Partition(sp, reader.ack_state(self.qid, sp)) for sp in index]
+        self.slot_of = {sp: slot for slot, sp in enumerate(index)}
+
+    def part(self, sp: int) -> _Partition | None:
+        """The delivery state of storage partition ``sp``, None if this queue does not deliver it."""
+        slot = self.slot_of.get(sp)
+        return None if slot is None else self.parts[slot]
+
+    def partitions_of(self, flow_id: str) -> frozenset[int]:
+        """The storage partitions a flow holds."""
+        parts = self.parts
+        return frozenset(parts[slot].sp for slot in self.core.partitions_of(flow_id))
 
     def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
-        """The stored config changed (here or in another process): take the new settings, and
-        on a new partition count rebalance at once (S7, S18)."""
+        """The stored config changed (here or in another process): take the new settings; on a
+        new partition count rebalance at once (S7, S18); on a change between partitioned and
+        non-partitioned unbind every flow, telling it why (S19, seed 001)."""
+        old = self.config
         self.config, self.config_raw = config, raw
         self.core.rebalance_delay = config.rebalance_delay
         self.core.max_handoff_time = config.max_handoff_time
-        old_n, new_n = self.core.n, config.partitions
-        if new_n == old_n:
-            return self._state_ops()
-        for ps in self.parts[new_n:]:
-            self._forget_inflight(ps)
-        del self.parts[new_n:]
-        self.parts += [_Partition(reader.ack_state(self.qid, p)) for p in range(old_n, new_n)]
-        return self._run(self.core.partition_count_changed(new_n, now), now)
+        mode, index = delivery_layout(config)
+        if mode != self.mode:
+            reason = (f"queue {self.name!r} changed from {describe_mode(old)} to "
+                      f"{describe_mode(config)}")
+            for flow in list(self.flows.values()):
+                flow._close(reason)
+            self.flows.clear()
+            self._run(self.core.drop_all(), now)
+            self.mode = mode
+        actions = []
+        if index != [ps.sp for ps in self.parts]:
+            self._set_index(index, reader)
+            if len(index) != self.core.n:
+                actions = self.core.partition_count_changed(len(index), now)
+        return self._run(actions, now)
 
     # ------------------------------------------------------------------ core events
     def bind(self, flow, hint, now: float) -> list:
+        if hint is not None:
+            # hints name storage partitions; one this queue does not deliver cannot match
+            hint = [self.slot_of.get(p, -1 - i) for i, p in enumerate(hint)]
         self.flows[flow.flow_id] = flow
         ops, self.pending_ops = self.pending_ops, []
         return ops + self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
@@ -116,7 +182,7 @@ class QueueDelivery:
                 elif isinstance(a, FlowActive):
                     flow = self.flows.get(a.flow)
                     if flow is not None:
-                        flow._changed(FlowChangeUpdate(a.active, frozenset(self.core.partitions_of(a.flow))))
+                        flow._changed(FlowChangeUpdate(a.active, self.partitions_of(a.flow)))
                 elif not isinstance(a, Resume):
                     raise AssertionError(f"unknown action {a!r}")
             actions = []
@@ -146,6 +212,7 @@ class QueueDelivery:
     def state_blob(self) -> bytes:
         core = self.core
         return msgpack.packb({
+            "mode": self.mode,
             "core": core.to_dict(),
             "rebalance_status": core.status,
             "partition_status": [core.partition_status(p) for p in range(core.n)],
@@ -162,7 +229,7 @@ class QueueDelivery:
     # ------------------------------------------------------------------ delivery
     def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict, dict]:
         """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages,
-        the delivered marks (partition -> (old, new)) that must be durable before they are handed
+        the delivered marks (storage partition -> (old, new)) that must be durable before they are handed
         over, and the corrupt records a ``skip_corrupt`` flow stepped over (partition -> seqs),
         which are acked in the same commit so the log keeps truncating. ``collect_ops`` makes
         the writes; ``undo_collect`` puts the messages back if that commit fails."""
@@ -182,12 +249,13 @@ class QueueDelivery:
         out: list[Message] = []
         marks: dict[int, tuple[int, int]] = {}
         skipped: dict[int, list[int]] = {}
-        for p in owned[flow._rr:] + owned[:flow._rr]:
+        for slot in owned[flow._rr:] + owned[:flow._rr]:
             if len(out) >= want:
                 break
-            ps = self.parts[p]
-            if p in core.handoffs:
+            if slot in core.handoffs:
                 continue
+            ps = self.parts[slot]
+            p = ps.sp
             if ps.error is not None:
                 if not flow.skip_corrupt:
                     continue
@@ -236,9 +304,13 @@ class QueueDelivery:
     def undo_collect(self, flow, msgs: list[Message], marks: dict[int, tuple]) -> None:
         """The delivered marks could not be made durable: put the messages back."""
         for p, (old, _new) in marks.items():
-            self.parts[p].ack.delivered_mark = old
+            ps = self.part(p)
+            if ps is not None:
+                ps.ack.delivered_mark = old
         for m in msgs:
-            ps = self.parts[m.partition]
+            ps = self.part(m.partition)
+            if ps is None:
+                continue
             if ps.inflight.pop(m.seq, None) is not None:
                 flow._inflight -= 1
             ps.next = min(ps.next, m.seq)
@@ -251,19 +323,27 @@ class QueueDelivery:
     def ack(self, flow, msgs, now: float) -> list:
         """Apply acks in memory (from any flow of this queue: a late ack of a handed-off message
         is still honoured, so an ack that returned is always durable) and return the writes."""
-        by_p: dict[int, list[int]] = {}
+        by_p: dict[int, list[int]] = {}     # slot -> seqs
+        slot_of = self.slot_of
+        stranded: list[int] = []
         for m in msgs:
             if m.queue != self.name:
                 raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
-            if m.partition >= len(self.parts):
-                continue  # the partition was removed by scaling; its messages are gone
-            ps = self.parts[m.partition]
+            slot = slot_of.get(m.partition)
+            if slot is None:
+                if m.partition == PARENT:
+                    stranded.append(m.seq)
+                # else removed by scaling: its messages are gone
+                continue
+            ps = self.parts[slot]
             if m.seq > ps.ack.delivered_mark:
                 raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
             if not ps.ack.is_acked(m.seq):
-                by_p.setdefault(m.partition, []).append(m.seq)
+                by_p.setdefault(slot, []).append(m.seq)
+        qid = self.qid
+        ops = [] if not stranded else [lambda w: _ack_stranded(w, qid, stranded)]
         if not by_p:
-            return []
+            return ops
         for p, seqs in by_p.items():
             ps = self.parts[p]
             ps.ack.add(seqs)
@@ -271,8 +351,8 @@ class QueueDelivery:
                 fid = ps.inflight.pop(s, None)
                 if fid is not None and fid in self.flows:
                     self.flows[fid]._inflight -= 1
-        qid = self.qid
-        ops = [lambda w, items=list(by_p.items()): [w.ack(qid, p, seqs) for p, seqs in items]]
+        items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
+        ops.append(lambda w: [w.ack(qid, p, seqs) for p, seqs in items])
         actions = []
         for p in by_p:
             if p in self.core.handoffs:
@@ -286,9 +366,10 @@ class QueueDelivery:
         writes to submit."""
         if msg.queue != self.name:
             raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.name!r}")
-        if msg.partition >= len(self.parts):
-            return []     # a scale-down removed its partition, and the message with it
-        ps = self.parts[msg.partition]
+        slot = self.slot_of.get(msg.partition)
+        if slot is None:
+            return []     # a scale-down removed its partition, or a change of access type
+        ps = self.parts[slot]
         if ps.inflight.get(msg.seq) != flow.flow_id:
             return []
         for seq in sorted(s for s in ps.inflight if s >= msg.seq):
@@ -297,8 +378,8 @@ class QueueDelivery:
                 self.flows[fid]._inflight -= 1
         ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
         ps.next = min(ps.next, msg.seq)
-        if msg.partition in self.core.handoffs:
-            return self._run(self.core.acked(msg.partition, self._outstanding(msg.partition), now), now)
+        if slot in self.core.handoffs:
+            return self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return []
 
     def check_flow(self, flow) -> None:

@@ -34,9 +34,10 @@ class Flow:
     # ------------------------------------------------------------------ state
     @property
     def partitions(self) -> frozenset[int]:
-        """The partitions assigned to this flow now: keep it as the hint for a rebind (S15)."""
+        """The partitions assigned to this flow now: keep it as the hint for a rebind (S15). On an
+        exclusive queue the active flow holds ``{PARENT}``, the parent queue's log."""
         with self._broker._lock:
-            return frozenset(self._qd.core.partitions_of(self.flow_id))
+            return self._qd.partitions_of(self.flow_id)
 
     @property
     def active(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class PartitionStatus:
-    partition: int
+    partition: int              # PARENT (0xFFFFFFFF) for the parent queue of an exclusive queue
     status: str                 # Unassigned | Ready | Paused | Unbound (S5)
     flow: str | None            # flow id holding the partition
     flow_name: str | None
@@ -30,7 +30,7 @@ class FlowStatus:
 @dataclass(frozen=True)
 class QueueStatus:
     name: str
-    partition_count: int
+    partition_count: int        # the operating count: 0 while the queue is exclusive
     rebalance_status: str       # Ready | Holddown | Rebalancing (S10)
     scaling_status: str         # Ready | ScalingUp | ScalingDown (S18)
     ingress_enabled: bool
@@ -39,6 +39,9 @@ class QueueStatus:
     partitions: list[PartitionStatus] = field(default_factory=list)
     flows: list[FlowStatus] = field(default_factory=list)
     delivery_owner: str | None = None   # "pid N on HOST" when a process runs delivery
+    access_type: str = "non-exclusive"  # "exclusive": non-partitioned, the parent queue delivers
+    parent_depth: int = 0       # unacked messages in the parent queue's log (on a partitioned
+                                # queue: left behind by a change of access type; copy them out)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

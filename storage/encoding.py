@@ -31,6 +31,10 @@ _PART_KEY = struct.Struct(">II")
 _CRC = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
+# The log of a queue's parent queue: where messages of a non-partitioned (exclusive) queue live.
+# It shares the queue's key space with partitions 0..N-1 and outlives changes of access type.
+PARENT = 0xFFFFFFFF
+
 log_key = _LOG_KEY.pack
 partition_key = _PART_KEY.pack
 pack_u64 = _U64.pack

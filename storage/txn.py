@@ -30,7 +30,7 @@ import msgpack
 
 from partq.errors import StorageFull
 from partq.storage import crashpoints
-from partq.storage.encoding import (AckState, decode_meta, encode_meta, log_key, pack_u64,
+from partq.storage.encoding import (PARENT, AckState, decode_meta, encode_meta, log_key, pack_u64,
                                     partition_key, unpack_u64)
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
@@ -191,7 +191,8 @@ class Writer(Reader):
         if config is None:
             return
         qid = config["qid"]
-        for p in range(config["partitions"]):
+        created = max(config["partitions"], config.get("scaling_from", 0), config.get("scaling_to", 0))
+        for p in [*range(created), PARENT]:
             self.drop_partition(qid, p)
             self._txn.delete(partition_key(qid, p), db=self._dbs["heads"])
         self._txn.delete(pack_u64(qid), db=self._dbs["state"])

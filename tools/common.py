@@ -1,4 +1,4 @@
-"""What every command shares: the store it works on, user errors, confirmations, statuses.
+"""What every command shares: the store it works on, user errors, confirmations.
 
 Errors: a command raises ``UserError`` (or lets a ``partq.PartqError`` / ``OSError`` through);
 ``cli.PartqGroup`` turns each into exactly one "Error: ..." line on stderr and exit status 1.
@@ -15,7 +15,6 @@ from typing import Iterator
 import click
 
 from partq import Broker, CorruptStore, PartqError
-from partq.status import QueueStatus
 from partq.storage import Store
 
 STORE_FILE = "data.mdb"
@@ -141,31 +140,6 @@ def confirm(yes: bool, question: str, flag_hint: str) -> None:
         raise UserError(f"not confirmed; {flag_hint}") from None
     if not answer:
         raise UserError("cancelled; nothing was changed")
-
-
-class StatusUnavailable(UserError):
-    pass
-
-
-def queue_status(broker: Broker, name: str) -> QueueStatus:
-    """``broker.queue_status`` with its known failure turned into a one-line error.
-
-    partq bug (reported): from a process that does not run the queue's delivery, the status of a
-    queue whose persisted assignment state predates a scale-up raises IndexError.
-    """
-    try:
-        return broker.queue_status(name)
-    except IndexError:
-        raise StatusUnavailable(
-            f"the status of queue {name!r} cannot be computed: its stored assignments predate its "
-            f"last partition count change (a known partq bug); its messages are intact, see "
-            f"`partq inspect {name}`") from None
-
-
-def check_partition(partition: int | None, partitions: int, queue: str) -> None:
-    if partition is not None and not 0 <= partition < partitions:
-        raise UserError(f"queue {queue!r} has partitions 0 to {partitions - 1}; pass --partition "
-                        f"in that range")
 
 
 def require(condition: bool, message: str) -> None:

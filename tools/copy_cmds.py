@@ -1,6 +1,9 @@
 """``partq copy-out``: copy a queue's unacked messages to another queue or to a file.
 
-The copy itself (resumable, exactly once across re-runs) is ``partq.tools.copyout``.
+The copy itself (resumable, exactly once across re-runs) is ``partq.tools.copyout``. With
+``--parent`` it copies the parent queue's log: the operator's way to recover the messages a
+change from exclusive to non-exclusive left there, undelivered (seed 001), typically into the
+same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``).
 """
 from __future__ import annotations
 
@@ -10,10 +13,11 @@ import threading
 
 import click
 
-from partq.tools.common import App, UserError, check_partition, pass_app, require
+from partq.storage.encoding import PARENT
+from partq.tools.common import App, UserError, pass_app, require
 from partq.tools.copyout import FORMATS, FileSink, QueueSink, copy, plan
-from partq.tools.inspect_cmds import load_config, partitions_of
-from partq.tools.output import Output, output_options
+from partq.tools.inspect_cmds import load_config, log_partitions, select_logs
+from partq.tools.output import Output, output_options, partition_label
 
 
 @click.command("copy-out")
@@ -23,7 +27,14 @@ from partq.tools.output import Output, output_options
               help="Copy into file PATH (continued, not overwritten, by a re-run).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True,
               help="File format: JSON Lines (payload base64) or a stream of msgpack maps.")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: all].")
+@click.option("--partition", "-p", type=int, help="Only this partition [default: all logs].")
+@click.option("--parent", is_flag=True,
+              help="Only the parent queue's log (messages an exclusive queue holds, or a change "
+                   "to non-exclusive left undelivered); with it --to-queue may be QUEUE itself.")
+@click.option("--move", is_flag=True,
+              help="With --parent on a partitioned queue: remove each message from the parent "
+                   "log once its copy is durable (a re-run finishes what an interrupted one "
+                   "left), so stranded messages leave the parent queue.")
 @click.option("--from-seq", type=int, help="First sequence to copy [default: the oldest].")
 @click.option("--to-seq", type=int, help="Last sequence to copy [default: the newest now].")
 @click.option("--batch", type=int, default=1000, show_default=True,
@@ -33,8 +44,8 @@ from partq.tools.output import Output, output_options
 @output_options
 @pass_app
 def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fmt: str,
-             partition: int | None, from_seq: int | None, to_seq: int | None, batch: int,
-             skip_corrupt: bool, out: Output) -> None:
+             partition: int | None, parent: bool, move: bool, from_seq: int | None,
+             to_seq: int | None, batch: int, skip_corrupt: bool, out: Output) -> None:
     """Copy the unacked messages of QUEUE to --to-queue DEST or --to-file PATH.
 
     Acked messages are not copied and nothing is consumed. Interrupted (Ctrl-C, SIGKILL, a
@@ -42,47 +53,85 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
     duplicating or missing a message. Records in a file carry queue, partition, seq, key,
     publish_time_ns, headers (bytes as {"$base64": ...}) and the payload (payload_b64 in JSON
     Lines, raw bytes in msgpack).
+
+    Without --partition or --parent every log is copied: the partitions, then the parent queue's
+    log. The parent queue's log is partition 4294967295 (partq.PARENT) in --json and in files;
+    the report calls it "parent". `partq copy-out Q --parent --to-queue Q` re-publishes what a
+    change to non-exclusive left in the parent queue into Q's partitions (by key, as any
+    publish); run again, it copies nothing twice.
     """
+    if parent and partition is not None:
+        raise click.UsageError("pass either --parent or --partition, not both")
     if (to_queue is None) == (to_file is None):
         raise click.UsageError("pass exactly one of --to-queue DEST and --to-file PATH")
     require(batch >= 1, "--batch must be at least 1")
     require(from_seq is None or from_seq >= 0, "--from-seq must be 0 or more")
     require(to_seq is None or to_seq >= (from_seq or 0), "--to-seq must not be below --from-seq")
-    require(to_queue != queue, "--to-queue must name another queue than the source")
+    if partition == PARENT:
+        parent, partition = True, None       # the integer --json prints for the parent log
+    require(not move or parent, "--move applies to the parent-queue log only: pass --parent")
+    require(to_queue != queue or parent,
+            "--to-queue must name another queue than the source (only --parent copies into "
+            "the source queue itself: its parent-queue log into its partitions)")
     range_tag = ""       # an explicit range is a copy of its own (its own checkpoints)
     if from_seq is not None or to_seq is not None:
         range_tag = f":{from_seq or 0}-{'' if to_seq is None else to_seq}"
+    moved = [0]       # parent-queue messages removed after their copy (--move)
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(app.broker()) if to_queue is not None else None
+        broker = stack.enter_context(app.broker()) if to_queue is not None or move else None
         store = stack.enter_context(app.store())
         with store.read() as r:
             config = load_config(r, queue)
-        count = partitions_of(config)
-        check_partition(partition, count, queue)
-        parts = [partition] if partition is not None else list(range(count))
+            parts = select_logs(log_partitions(r, config), queue, partition, parent)
+        if to_queue == queue and not config.partitioned:
+            raise UserError(f"queue {queue!r} is exclusive: its parent-queue log is the log it "
+                            f"delivers, so copying it into {queue!r} would duplicate every "
+                            f"message; copy it to another queue or a file, or make {queue!r} "
+                            f"non-exclusive first (`partq queue update {queue} --access-type "
+                            f"non-exclusive`)")
+        if move and not config.partitioned:
+            raise UserError(f"queue {queue!r} is exclusive: it delivers its parent-queue log, so "
+                            f"--move would take messages from its consumers; drop --move, or "
+                            f"make it non-exclusive first")
         if to_queue is not None:
             sink = QueueSink(broker, queue, to_queue, range_tag)
         else:
             sink = FileSink(to_file, fmt, queue)
         stack.callback(sink.close)
         reports = plan(store, config, parts, from_seq or 0, to_seq, sink)
+        remove = None
+        if move:
+            def remove(seqs: list[int]) -> None:
+                moved[0] += broker.ack_parent(queue, seqs)
+            # an interrupted --move may have copied a batch without removing it
+            with store.read() as r:
+                floor = r.ack_state(config.qid, PARENT).floor
+            earlier = sink.copied_before(PARENT, max(from_seq or 0, floor))
+            for i in range(0, len(earlier), 10_000):
+                remove(list(earlier[i:i + 10_000]))
         total = sum(max(rep.end - rep.start + 1, 0) for rep in reports)
         stop = stack.enter_context(_stop_on_signals())
         with out.progress(total, f"copying {queue}") as bar:
-            copy(store, config, reports, sink, batch, skip_corrupt, bar.update, stop.is_set)
+            copy(store, config, reports, sink, batch, skip_corrupt, bar.update, stop.is_set,
+                 remove)
     copied = sum(rep.copied for rep in reports)
     doc = {"queue": queue, **sink.describe(), "copied": copied,
            "complete": not stop.is_set(), "partitions": [rep.as_dict() for rep in reports]}
+    if move:
+        doc["removed_from_parent"] = moved[0]
     if out.json:
         out.doc(doc)
     else:
         where = f"queue {to_queue!r}" if to_queue else f"{to_file} ({fmt})"
-        resumed = [rep.partition for rep in reports if rep.resumed]
+        resumed = [partition_label(rep.partition) for rep in reports if rep.resumed]
         out.echo(f"copied {copied} message{'s' if copied != 1 else ''} of queue {queue!r} to "
                  f"{where}" + (f"; continued an earlier copy of partition(s) "
-                               f"{', '.join(map(str, resumed))}" if resumed else ""))
+                               f"{', '.join(resumed)}" if resumed else ""))
+        if move:
+            out.echo(f"removed {moved[0]} message{'s' if moved[0] != 1 else ''} from the "
+                     f"parent queue of {queue!r}")
         out.table(["PARTITION", "FROM SEQ", "TO SEQ", "COPIED", "ACKED (SKIPPED)", "CORRUPT (SKIPPED)"],
-                  [[rep.partition, rep.start if rep.end >= rep.start else None,
+                  [[partition_label(rep.partition), rep.start if rep.end >= rep.start else None,
                     rep.end if rep.end >= rep.start else None, rep.copied, rep.skipped_acked,
                     ",".join(map(str, rep.skipped_corrupt)) or 0] for rep in reports],
                   indent="  ")

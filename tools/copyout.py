@@ -15,6 +15,9 @@ How each destination makes a re-run exact:
 
 The upper bound of each partition is its head when the copy starts, so a busy publisher cannot
 keep a copy running forever; run the copy again to take what came since.
+
+The parent queue's log (``partq.PARENT``) is copied like any partition: its checkpoint names and
+file records carry the integer 4294967295 as its partition.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from partq.config import QueueConfig
 from partq.errors import CorruptRecord
 from partq.storage import Record, decode_record
 from partq.tools.common import UserError, describe_os_error
-from partq.tools.output import jsonable
+from partq.storage.encoding import PARENT
+from partq.tools.output import jsonable, partition_label
 
 FORMATS = ("jsonl", "msgpack")
 JSONL_KEYS = ("queue", "partition", "seq", "key", "publish_time_ns", "headers", "payload_b64")
@@ -56,6 +60,15 @@ class PartitionReport:
 
 
 # ---------------------------------------------------------------------- destinations
+def checkpoint_name(source: str, partition: int, dest: str, range_tag: str = "") -> str:
+    """The broker checkpoint of a copy of ``source``'s ``partition`` into queue ``dest``: the
+    last source sequence copied, plus one."""
+    name = f"copy-out:{source}:{partition}:{dest}{range_tag}"
+    if len(name.encode()) > 400:   # LMDB keys are at most 511 bytes
+        name = "copy-out:" + hashlib.sha256(name.encode()).hexdigest()
+    return name
+
+
 class QueueSink:
     """Copies into another queue of the same store, idempotently per batch."""
 
@@ -70,15 +83,18 @@ class QueueSink:
         return {"to_queue": self.dest}
 
     def checkpoint_name(self, partition: int) -> str:
-        name = f"copy-out:{self.source}:{partition}:{self.dest}{self.range_tag}"
-        if len(name.encode()) > 400:   # LMDB keys are at most 511 bytes
-            name = "copy-out:" + hashlib.sha256(name.encode()).hexdigest()
-        return name
+        return checkpoint_name(self.source, partition, self.dest, self.range_tag)
 
     def resume_after(self, partition: int) -> int | None:
         """The last source sequence an earlier run covered, or None."""
         position = self.broker.checkpoint(self.checkpoint_name(partition))
         return None if position is None else position - 1
+
+    def copied_before(self, partition: int, first: int) -> range:
+        """Sequences >= ``first`` an earlier run copied (each commit holds a batch with its
+        checkpoint, so every unacked one up to the checkpoint was copied)."""
+        done = self.resume_after(partition)
+        return range(first, first if done is None else done + 1)
 
     def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
         results = self.broker.publish_many(
@@ -89,9 +105,9 @@ class QueueSink:
             first = items[0][0]
             raise UserError(
                 f"destination queue {self.dest!r} discarded {lost} copied messages (its ingress was "
-                f"disabled meanwhile): partition {partition} seqs {first} to {last_seq} of "
-                f"{self.source!r}; enable its ingress and copy them again with --partition "
-                f"{partition} --from-seq {first} --to-seq {last_seq}")
+                f"disabled meanwhile): partition {partition_label(partition)} seqs {first} to "
+                f"{last_seq} of {self.source!r}; enable its ingress and copy them again with "
+                f"{_select(partition)} --from-seq {first} --to-seq {last_seq}")
         return len(results)
 
     def close(self) -> None:
@@ -104,6 +120,7 @@ class FileSink:
     def __init__(self, path: str, fmt: str, queue: str) -> None:
         self.path, self.fmt, self.queue = path, fmt, queue
         self.last: dict[int, int] = {}        # partition -> highest seq in the file
+        self.parent_seqs: list[int] = []      # parent-queue seqs in the file (for --move)
         self.records_found = 0
         self.cut_bytes = 0
         try:
@@ -158,6 +175,8 @@ class FileSink:
             raise self._refuse(where, "partition and seq must be integers >= 0")
         if seq > self.last.get(p, -1):
             self.last[p] = seq
+        if p == PARENT:
+            self.parent_seqs.append(seq)
         self.records_found += 1
 
     def _scan(self, data: bytes) -> int:
@@ -205,6 +224,11 @@ class FileSink:
     def resume_after(self, partition: int) -> int | None:
         return self.last.get(partition)
 
+    def copied_before(self, partition: int, first: int) -> list[int]:
+        """Sequences >= ``first`` of ``partition`` (the parent log) already in the file."""
+        assert partition == PARENT
+        return [s for s in self.parent_seqs if s >= first]
+
     def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
         if not items:
             return 0
@@ -230,6 +254,11 @@ class FileSink:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _select(partition: int) -> str:
+    """The copy-out option that picks ``partition`` again."""
+    return "--parent" if partition == PARENT else f"--partition {partition}"
 
 
 def _fsync_dir(path: str) -> None:
@@ -258,9 +287,12 @@ def plan(store, config: QueueConfig, partitions: list[int], from_seq: int, to_se
 
 
 def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch: int,
-         skip_corrupt: bool, advance: Callable[[int], None], stop: Callable[[], bool]) -> None:
+         skip_corrupt: bool, advance: Callable[[int], None], stop: Callable[[], bool],
+         remove: Callable[[list[int]], None] | None = None) -> None:
     """Copy every unacked message of each planned partition, batch by batch; ``advance(n)`` is
-    told how many sequences each batch covered; ``stop()`` ends the copy between batches."""
+    told how many sequences each batch covered; ``stop()`` ends the copy between batches;
+    ``remove(seqs)``, if given, is called with each batch's sequences once its copy is durable
+    (``--move``)."""
     queue, qid = config.name, config.qid
     for rep in reports:
         pos = rep.start
@@ -290,11 +322,14 @@ def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch
                 last = seq
             if last is not None:
                 rep.copied += sink.write(rep.partition, last, items)
+                if remove is not None and items:
+                    remove([seq for seq, _ in items])
                 advance(last - pos + 1)
                 pos = last + 1
             if failure is not None:
                 raise UserError(
-                    f"corrupt record in queue {queue!r} partition {rep.partition} seq {failure.seq} "
+                    f"corrupt record in queue {queue!r} partition {partition_label(rep.partition)} "
+                    f"seq {failure.seq} "
                     f"({failure.reason}); everything before it was copied: run copy-out again "
                     f"with --skip-corrupt to copy past it, and `partq verify {queue}` to list "
                     f"damaged records")

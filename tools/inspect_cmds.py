@@ -4,6 +4,10 @@ It reads the partition logs from short read snapshots of the store and never bin
 changes no delivery state and works while other processes publish, consume or own delivery. The
 upper bound of each partition is its head when the command starts, so a busy publisher cannot
 keep it running. A record that fails its checksum is shown as corrupt with the reason.
+
+A queue's logs are its partitions and, once it has been exclusive (non-partitioned), its parent
+queue's log: storage partition ``partq.PARENT`` (4294967295). People see that log as partition
+``parent``; ``--json`` keeps the integer.
 """
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ import click
 from partq.config import QueueConfig
 from partq.errors import CorruptRecord, QueueNotFound
 from partq.storage import decode_record
-from partq.tools.common import App, check_partition, pass_app, require
+from partq.storage.encoding import PARENT
+from partq.tools.common import App, UserError, pass_app, require
 from partq.tools.output import (PAYLOAD_MODES, Output, encode_payload, format_table, iso_time,
-                                output_options, printable, truncate)
+                                output_options, partition_label, printable, truncate)
 
 READ_BATCH = 1000     # records per read snapshot
 HEADERS = ["PARTITION", "SEQ", "KEY", "PUBLISHED", "SIZE", "ACKED", "PAYLOAD"]
@@ -29,9 +34,49 @@ def load_config(reader, queue: str) -> QueueConfig:
     return QueueConfig.from_dict(raw)
 
 
-def partitions_of(config: QueueConfig) -> int:
-    """Partitions that may hold records, a scaling in progress included."""
-    return max(config.partitions, config.scaling_from, config.scaling_to)
+def log_partitions(reader, config: QueueConfig) -> list[int]:
+    """The logs of a queue that may hold records, in the order commands walk them: the
+    partitions that exist (a scaling in progress included; none while the queue is exclusive,
+    and none that a scale-down or a change to exclusive dropped), then ``PARENT`` if the parent
+    queue's log exists (the queue is, or once was, exclusive)."""
+    count = max(config.partitions, config.scaling_from, config.scaling_to)
+    logs = [p for p in range(count) if reader.has_partition(config.qid, p)]
+    if reader.has_partition(config.qid, PARENT):
+        logs.append(PARENT)
+    return logs
+
+
+def select_logs(logs: list[int], queue: str, partition: int | None, parent: bool) -> list[int]:
+    """The logs ``--partition N`` / ``--parent`` pick out of ``logs`` (all of them with neither;
+    the command refuses both at once, as a usage error, before it opens the store).
+    ``--partition 4294967295`` (``partq.PARENT``, as ``--json`` prints it) means ``--parent``."""
+    if parent or partition == PARENT:
+        if PARENT not in logs:
+            raise UserError(f"queue {queue!r} has no parent-queue log (it was never exclusive); "
+                            f"leave out --parent to use its partitions")
+        return [PARENT]
+    if partition is None:
+        return logs
+    if partition not in logs:
+        raise UserError(f"{describe_logs(logs, queue)}; there is no partition {partition}")
+    return [partition]
+
+
+def describe_logs(logs: list[int], queue: str) -> str:
+    """"queue 'q' has partitions 0 to 3 and a parent-queue log (--parent)", as one clause."""
+    numbered = [p for p in logs if p != PARENT]
+    has_parent = PARENT in logs
+    if not numbered:
+        return (f"queue {queue!r} has no partitions"
+                + (", only its parent-queue log (--parent)" if has_parent else ""))
+    spans, start = [], numbered[0]
+    for prev, cur in zip(numbered, numbered[1:] + [None]):
+        if cur is None or cur != prev + 1:       # a span ends at prev
+            spans.append(str(start) if start == prev else f"{start} to {prev}")
+            start = cur
+    text = (f"queue {queue!r} has partition{'s' if len(numbered) != 1 else ''} "
+            f"{', '.join(spans)}")
+    return text + (" and a parent-queue log (--parent)" if has_parent else "")
 
 
 def scan(store, config: QueueConfig, partition: int, start: int, end: int, batch: int = READ_BATCH):
@@ -53,7 +98,10 @@ def scan(store, config: QueueConfig, partition: int, start: int, end: int, batch
 
 @click.command()
 @click.argument("queue")
-@click.option("--partition", "-p", type=int, help="Only this partition [default: all].")
+@click.option("--partition", "-p", type=int, help="Only this partition [default: all logs].")
+@click.option("--parent", is_flag=True,
+              help="Only the parent queue's log: the messages of an exclusive queue, or those a "
+                   "change to non-exclusive left behind.")
 @click.option("--from-seq", type=int, default=0, show_default=True, help="First sequence to show.")
 @click.option("--to-seq", type=int, help="Last sequence to show [default: the newest].")
 @click.option("--key", "-k", help="Only messages with this key.")
@@ -67,9 +115,17 @@ def scan(store, config: QueueConfig, partition: int, start: int, end: int, batch
                    "terminal; never with --json].")
 @output_options
 @pass_app
-def inspect(app: App, queue: str, partition: int | None, from_seq: int, to_seq: int | None,
-            key: str | None, limit: int, payload_mode: str, width: int | None, out: Output) -> None:
-    """Browse the messages of QUEUE without consuming them (acked ones still stored included)."""
+def inspect(app: App, queue: str, partition: int | None, parent: bool, from_seq: int,
+            to_seq: int | None, key: str | None, limit: int, payload_mode: str,
+            width: int | None, out: Output) -> None:
+    """Browse the messages of QUEUE without consuming them (acked ones still stored included).
+
+    Without --partition or --parent every log is shown: the partitions, then the parent queue's
+    log, shown as partition "parent"; the parent queue's log is partition 4294967295
+    (partq.PARENT) in --json.
+    """
+    if parent and partition is not None:
+        raise click.UsageError("pass either --parent or --partition, not both")
     require(limit >= 0, "--limit must be 0 (no limit) or more")
     require(from_seq >= 0, "--from-seq must be 0 or more")
     require(to_seq is None or to_seq >= from_seq, "--to-seq must not be below --from-seq")
@@ -77,9 +133,7 @@ def inspect(app: App, queue: str, partition: int | None, from_seq: int, to_seq: 
     with app.store() as store:
         with store.read() as r:
             config = load_config(r, queue)
-            count = partitions_of(config)
-            check_partition(partition, count, queue)
-            parts = [partition] if partition is not None else list(range(count))
+            parts = select_logs(log_partitions(r, config), queue, partition, parent)
             heads = {p: r.head(config.qid, p) for p in parts}
         rows = []
         shown = 0
@@ -102,7 +156,8 @@ def inspect(app: App, queue: str, partition: int | None, from_seq: int, to_seq: 
         return
     if not rows:
         out.echo(f"no messages in queue {queue!r} match"
-                 + (f" (partition {partition})" if partition is not None else ""))
+                 + (f" (partition {partition_label(parts[0])})" if len(parts) == 1
+                    and (partition is not None or parent) else ""))
         return
     _print_rows(out, rows, width)
     more = ""
@@ -130,8 +185,8 @@ def _print_rows(out: Output, rows: list[dict], width: int | None) -> None:
     def key_cell(row):
         return None if row.get("key") is None else truncate(printable(row["key"]), 32)
 
-    cells = [[r["partition"], r["seq"], key_cell(r), r.get("publish_time"), r["size"],
-              r["acked"]] for r in rows]
+    cells = [[partition_label(r["partition"]), r["seq"], key_cell(r), r.get("publish_time"),
+              r["size"], r["acked"]] for r in rows]
     if width is None:
         used = max(len(line) for line in format_table(HEADERS[:-1], cells))
         width = max(24, shutil.get_terminal_size((120, 24)).columns - used - 2)

@@ -16,6 +16,8 @@ from typing import Iterable, Sequence
 
 import click
 
+from partq.storage.encoding import PARENT
+
 PAYLOAD_MODES = ("auto", "text", "hex", "base64")
 
 
@@ -131,6 +133,12 @@ def _is_number(cell: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def partition_label(partition: int) -> str:
+    """A partition as people read it: its number, or ``parent`` for the parent queue's log
+    (``partq.PARENT``, 4294967295, which ``--json`` output keeps as the integer)."""
+    return "parent" if partition == PARENT else str(partition)
 
 
 def on_off(value: bool) -> str:

@@ -5,9 +5,12 @@ import functools
 
 import click
 
-from partq.config import PARTITIONERS, USER_SETTABLE
-from partq.tools.common import (App, UserError, confirm, pass_app, queue_status)
-from partq.tools.output import Output, on_off, output_options
+from partq.config import ACCESS_TYPES, PARTITIONERS, USER_SETTABLE
+from partq.errors import PartqError
+from partq.storage.encoding import PARENT
+from partq.tools.common import App, confirm, one_line, pass_app
+from partq.tools.copyout import checkpoint_name
+from partq.tools.output import Output, on_off, output_options, partition_label
 
 
 class OnOff(click.ParamType):
@@ -54,6 +57,9 @@ SETTINGS = [
      "with --reject-when-shutdown on too (S19)."),
     ("--reject-when-shutdown", "reject_msg_to_sender_when_shutdown", ON_OFF,
      "Reject (not discard) publishes while ingress is off; needs --reject-msg-to-sender on."),
+    ("--access-type", "access_type", click.Choice(ACCESS_TYPES),
+     "non-exclusive: partitioned; exclusive: non-partitioned, one consumer at a time. A change "
+     "unbinds every flow (seed 001)."),
 ]
 assert {field for _, field, _, _ in SETTINGS} == set(USER_SETTABLE), "SETTINGS out of date"
 
@@ -91,6 +97,8 @@ def create(app: App, name: str, partitions: int, settings: dict, out: Output) ->
         config = broker.create_queue(name, partitions=partitions, **settings)
     if out.json:
         out.doc(config.to_dict())
+    elif not config.partitioned:
+        out.echo(f"created queue {name!r}, exclusive: not partitioned, one consumer at a time")
     else:
         out.echo(f"created queue {name!r} with {config.partitions} partition"
                  f"{'s' if config.partitions != 1 else ''}")
@@ -100,22 +108,28 @@ def create(app: App, name: str, partitions: int, settings: dict, out: Output) ->
 @output_options
 @pass_app
 def list_queues(app: App, out: Output) -> None:
-    """List queues with their partition counts, depths and statuses."""
-    rows = []
+    """List queues with their access types, partition counts, depths and statuses.
+
+    PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
+    rows, notes = [], []
     with app.broker() as broker:
         for config in sorted(broker.queues(), key=lambda c: c.name):
-            row = {"name": config.name, "partitions": config.partitions,
+            row = {"name": config.name, "access_type": config.access_type,
+                   "partitions": config.operating_partitions,
                    "ingress_enabled": config.ingress_enabled,
                    "egress_enabled": config.egress_enabled,
                    "scaling_status": config.scaling_status, "discarded": config.discarded}
             try:
-                st = queue_status(broker, config.name)
-            except UserError as exc:
-                row.update(depth=None, rebalance_status=None, flows=None, delivery_owner=None,
-                           error=exc.message)
+                st = broker.queue_status(config.name)
+            except PartqError as exc:   # e.g. damaged ack state: list the other queues anyway
+                row.update(depth=None, parent_depth=None, rebalance_status=None, flows=None,
+                           delivery_owner=None, error=one_line(str(exc)))
             else:
-                row.update(depth=st.depth, rebalance_status=st.rebalance_status,
+                row.update(partitions=st.partition_count, depth=st.depth,
+                           parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                            flows=len(st.flows), delivery_owner=st.delivery_owner, error=None)
+                if st.parent_depth and config.partitioned and not out.json:
+                    notes.append(stranded(app, broker, config, st.parent_depth))
             rows.append(row)
     if out.json:
         out.doc(rows)
@@ -123,14 +137,33 @@ def list_queues(app: App, out: Output) -> None:
     if not rows:
         out.echo("no queues; create one with `partq queue create NAME --partitions N`")
         return
-    out.table(["NAME", "PARTITIONS", "DEPTH", "INGRESS", "EGRESS", "REBALANCE", "SCALING",
-               "FLOWS", "DELIVERY OWNER"],
-              [[r["name"], r["partitions"], r["depth"], on_off(r["ingress_enabled"]),
+    out.table(["NAME", "PARTITIONS", "DEPTH", "ACCESS", "INGRESS", "EGRESS", "REBALANCE",
+               "SCALING", "FLOWS", "DELIVERY OWNER"],
+              [[r["name"], r["partitions"], r["depth"], r["access_type"],
+                on_off(r["ingress_enabled"]),
                 on_off(r["egress_enabled"]), r["rebalance_status"] or "unknown",
                 r["scaling_status"], r["flows"], r["delivery_owner"]] for r in rows])
     for r in rows:
         if r["error"]:
             out.warn(r["error"])
+    for note in notes:
+        out.warn(note)
+
+
+def stranded(app: App, broker, config, count: int) -> str:
+    """What to say about the ``count`` messages a change to non-exclusive left in the parent
+    queue of ``config``'s queue: copy them out, or that they were copied into the queue itself
+    already (its copy-out checkpoint covers the parent log's head)."""
+    name = config.name
+    text = (f"parent queue: {count} message{'s' if count != 1 else ''} left by a change of access "
+            f"type; not delivered; ")
+    done = broker.checkpoint(checkpoint_name(name, PARENT, name))
+    if done is not None:
+        with app.store() as store, store.read() as r:
+            if done >= r.head(config.qid, PARENT):
+                return text + (f"already copied into its partitions by `partq copy-out {name} "
+                               f"--parent --to-queue {name}`")
+    return text + f"copy them out with `partq copy-out {name} --parent --to-queue {name}`"
 
 
 @queue.command("show")
@@ -138,10 +171,16 @@ def list_queues(app: App, out: Output) -> None:
 @output_options
 @pass_app
 def show(app: App, name: str, out: Output) -> None:
-    """Show the configuration, statuses, partitions and flows of queue NAME."""
+    """Show the configuration, statuses, partitions and flows of queue NAME.
+
+    An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
+    "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
+    """
     with app.broker() as broker:
         config = broker.queue_config(name)
-        st = queue_status(broker, name)
+        st = broker.queue_status(name)
+        note = (stranded(app, broker, config, st.parent_depth)
+                if st.parent_depth and config.partitioned else None)
     if out.json:
         out.doc({"config": config.to_dict(), "status": st.as_dict()})
         return
@@ -149,20 +188,27 @@ def show(app: App, name: str, out: Output) -> None:
     out.table(["SETTING", "VALUE"], [[k, _show_value(v)] for k, v in config.to_dict().items()
                                      if k != "name"], indent="  ")
     out.echo()
-    out.echo(f"  partitions {st.partition_count}  depth {st.depth}  rebalance {st.rebalance_status}"
-             f"  scaling {st.scaling_status}  ingress {on_off(st.ingress_enabled)}"
-             f"  egress {on_off(st.egress_enabled)}")
+    out.echo(f"  access {st.access_type}  partitions {st.partition_count}  depth {st.depth}"
+             f"  rebalance {st.rebalance_status}  scaling {st.scaling_status}"
+             f"  ingress {on_off(st.ingress_enabled)}  egress {on_off(st.egress_enabled)}")
+    if st.access_type == "exclusive":
+        out.echo("  exclusive: not partitioned; its parent queue (partition \"parent\") delivers "
+                 "to one flow at a time, the others stand by")
+    elif note:
+        out.echo(f"  {note}")
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
     out.echo()
     errors = any(p.error for p in st.partitions)
     out.table(["PARTITION", "STATUS", "FLOW", "DEPTH", "UNACKED", "NEXT SEQ", "ACK FLOOR"]
               + (["ERROR"] if errors else []),
-              [[p.partition, p.status, p.flow_name or p.flow, p.depth, p.unacked, p.next_seq,
-                p.ack_floor] + ([p.error] if errors else []) for p in st.partitions], indent="  ")
+              [[partition_label(p.partition), p.status, p.flow_name or p.flow, p.depth,
+                p.unacked, p.next_seq, p.ack_floor] + ([p.error] if errors else [])
+               for p in st.partitions], indent="  ")
     out.echo()
     if st.flows:
         out.table(["FLOW", "NAME", "BOUND", "ACTIVE", "PARTITIONS"],
-                  [[f.flow, f.name, f.bound, f.active, ",".join(map(str, f.partitions)) or None]
+                  [[f.flow, f.name, f.bound, f.active,
+                    ",".join(partition_label(p) for p in f.partitions) or None]
                    for f in st.flows], indent="  ")
     else:
         out.echo("  no flows")
@@ -179,18 +225,38 @@ def _show_value(v) -> str:
 @setting_options
 @click.option("--partitions", type=int, hidden=True,
               help="Refused: the partition count changes with `partq scale`.")
+@click.option("--yes", "-y", is_flag=True,
+              help="Do not ask for confirmation (asked only for a change of access type).")
 @output_options
 @pass_app
-def update(app: App, name: str, settings: dict, partitions: int | None, out: Output) -> None:
-    """Change settings of queue NAME (use `partq scale` to change the partition count)."""
+def update(app: App, name: str, settings: dict, partitions: int | None, yes: bool,
+           out: Output) -> None:
+    """Change settings of queue NAME (use `partq scale` to change the partition count).
+
+    A change of --access-type unbinds every flow and asks for confirmation first (--yes to
+    skip): to exclusive, the messages in the partitions are deleted; to non-exclusive, messages
+    left in the parent queue are no longer delivered (copy them out with `partq copy-out NAME
+    --parent --to-queue NAME`).
+    """
     if partitions is not None:
         raise click.UsageError(f"the partition count changes with `partq scale {name} "
                                f"--partitions {partitions}` (the seed's procedure), not with update")
     if not settings:
         raise click.UsageError("nothing to update; pass at least one setting, e.g. --ingress off")
     with app.broker() as broker:
-        before = broker.queue_config(name).to_dict()
-        after = broker.update_queue(name, **settings).to_dict()
+        current = broker.queue_config(name)
+        before = current.to_dict()
+        access = settings.get("access_type", current.access_type)
+        if access != current.access_type:
+            st = broker.queue_status(name)
+            confirm(yes, _access_question(name, access, st),
+                    f"pass --yes to change queue {name!r} to {access}")
+        updated = broker.update_queue(name, **settings)
+        after = updated.to_dict()
+        note = None
+        if access != current.access_type and access == "non-exclusive":
+            left = broker.queue_status(name).parent_depth
+            note = stranded(app, broker, updated, left) if left else None
     changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
     if out.json:
         out.doc({"queue": name, "changed": changed, "config": after})
@@ -201,6 +267,24 @@ def update(app: App, name: str, settings: dict, partitions: int | None, out: Out
     out.echo(f"updated queue {name!r}")
     out.table(["SETTING", "BEFORE", "AFTER"],
               [[k, _show_value(a), _show_value(b)] for k, (a, b) in changed.items()], indent="  ")
+    if note:
+        out.echo(f"  {note}")
+
+
+def _access_question(name: str, access: str, st) -> str:
+    """The confirmation of a change of access type: what it unbinds and deletes or strands."""
+    bound = len(st.flows) if st.delivery_owner else 0
+    flows = (f"its {bound} flow{'s' if bound != 1 else ''} (delivered by {st.delivery_owner}) "
+             f"{'are' if bound != 1 else 'is'} unbound" if bound else "no flow is bound now")
+    if access == "exclusive":
+        what = (f"the {st.depth} unacked message{'s' if st.depth != 1 else ''} in its "
+                f"{st.partition_count} partition{'s' if st.partition_count != 1 else ''} are "
+                f"deleted")
+    else:
+        what = (f"the {st.parent_depth} message{'s' if st.parent_depth != 1 else ''} in its "
+                f"parent queue stay there, no longer delivered (copy them out with `partq "
+                f"copy-out {name} --parent --to-queue {name}`)")
+    return f"Change queue {name!r} to {access}? {flows}, and {what}."
 
 
 @queue.command("delete")
@@ -212,12 +296,14 @@ def delete(app: App, name: str, yes: bool, out: Output) -> None:
     """Delete queue NAME and every message in it."""
     with app.broker() as broker:
         config = broker.queue_config(name)
-        depth = queue_status(broker, name).depth if not yes else None
         if not yes:
+            st = broker.queue_status(name)
+            # the parent queue's log goes too (an exclusive queue's depth is already its own)
+            depth = st.depth + (st.parent_depth if st.access_type == "non-exclusive" else 0)
             confirm(yes, f"Delete queue {name!r} and its {depth} unacked messages?",
                     f"pass --yes to delete queue {name!r}")
         broker.delete_queue(name)
     if out.json:
-        out.doc({"queue": name, "deleted": True, "partitions": config.partitions})
+        out.doc({"queue": name, "deleted": True, "partitions": config.operating_partitions})
     else:
         out.echo(f"deleted queue {name!r}")

@@ -97,13 +97,15 @@ def scale(app: App, queue: str, partitions: int, drain_timeout: float, rebalance
     1 disable ingress, 2 wait until every partition is drained, 3 wait for the DR-standby,
     4 change the count (decreasing deletes the highest-numbered partitions first, with their
     messages), 5 wait for the rebalance, 6 wait for the DR-standby again, 7 enable ingress.
-    A step that times out re-enables ingress and ends with exit status 1.
+    A step that times out re-enables ingress and ends with exit status 1. An exclusive
+    (non-partitioned) queue is refused: make it non-exclusive first.
     """
     for name, value in (("--drain-timeout", drain_timeout), ("--rebalance-timeout", rebalance_timeout),
                         ("--standby-timeout", standby_timeout)):
         require(value >= 0, f"{name} must be a number of seconds >= 0")
     with app.broker() as broker:
         config = broker.queue_config(queue)
+        scaling.check_scalable(config)                       # exclusive: nothing to scale
         dataclasses.replace(config, partitions=partitions)  # validates the count (InvalidConfig)
         if partitions == config.partitions and config.scaling_status == "Ready":
             if out.json:

@@ -17,9 +17,9 @@ import time
 from typing import Callable
 
 from partq.broker import Broker
-from partq.delivery_lock import queue_holder
+from partq.config import QueueConfig
 from partq.status import QueueStatus
-from partq.tools.common import StatusUnavailable, UserError, queue_status
+from partq.tools.common import UserError
 
 STEPS = {
     1: ("disable-ingress", "Disable ingress"),
@@ -125,11 +125,13 @@ def _ranges(ps: list[int]) -> str:
     return ", ".join(map(str, ps[:8])) + (" ..." if len(ps) > 8 else "")
 
 
-def _status(broker: Broker, queue: str) -> QueueStatus | None:
-    try:
-        return queue_status(broker, queue)
-    except StatusUnavailable:
-        return None  # the owner has not persisted the new count yet (see common.queue_status)
+def check_scalable(config: QueueConfig) -> None:
+    """An exclusive queue has no partitions to scale (its operating count is 0): refuse before
+    anything changes, ingress included."""
+    if not config.partitioned:
+        raise UserError(f"queue {config.name!r} is exclusive (non-partitioned), so it has no "
+                        f"partitions to scale; make it non-exclusive first with `partq queue "
+                        f"update {config.name} --access-type non-exclusive`, then scale it")
 
 
 def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
@@ -138,6 +140,7 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
         sleep: Callable[[float], None] = time.sleep) -> dict:
     """Scale ``queue`` to ``target`` partitions by the seed's seven steps. Returns a summary."""
     config = broker.queue_config(queue)
+    check_scalable(config)
     dataclasses.replace(config, partitions=target)   # InvalidConfig before anything changes
     old = config.partitions
     t_all = clock()
@@ -169,7 +172,7 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
         return "done", {"ingress_enabled": False, "publishes": effect}
 
     def drained() -> tuple[str, dict]:
-        st = queue_status(broker, queue)
+        st = broker.queue_status(queue)
         if not drain:
             doomed = sum(p.depth for p in st.partitions if p.partition >= target)
             note = (f"skipped (--no-drain): {st.depth} messages stay"
@@ -194,7 +197,7 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
                                     f"or pass --no-drain to accept losing messages in removed "
                                     f"partitions")
             sleep(POLL)
-            st = queue_status(broker, queue)
+            st = broker.queue_status(queue)
         reporter.drain(0, initial)
         return "done", {"drained": initial}
 
@@ -218,16 +221,8 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
         deadline = clock() + rebalance_timeout
         last = None
         while True:
-            st = _status(broker, queue)
-            if st is None and queue_holder(broker.path, config.qid) is None:
-                why = "no process runs delivery for the queue: consumers get the new partitions " \
-                      "when they bind"
-                reporter.note(5, why)
-                return "done", {"rebalance_status": None, "why": why, "delivery_owner": None}
-            if st is None:
-                ok, why = False, "the delivery owner has not persisted the new partition count yet"
-            else:
-                ok, why = rebalance_settled(st, target)
+            st = broker.queue_status(queue)
+            ok, why = rebalance_settled(st, target)
             if ok:
                 reporter.note(5, why)
                 return "done", {"rebalance_status": st.rebalance_status, "why": why,

@@ -5,8 +5,10 @@ import os
 
 import click
 
-from partq.tools.common import App, UserError, pass_app, queue_status
+from partq.errors import PartqError
+from partq.tools.common import App, UserError, one_line, pass_app
 from partq.tools.output import Output, human_size, on_off, output_options
+from partq.tools.queue_cmds import stranded
 
 DEMO_MARK = ".partq-demo"
 
@@ -36,24 +38,30 @@ def init(app: App, out: Output) -> None:
 @output_options
 @pass_app
 def stats(app: App, queue: str | None, out: Output) -> None:
-    """Per-queue depth, discards, statuses and flows, and the store's file and map size."""
-    queues = []
+    """Per-queue depth, discards, statuses and flows, and the store's file and map size.
+
+    PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
+    queues, notes = [], []
     with app.broker() as broker:
         configs = [broker.queue_config(queue)] if queue else broker.queues()
         for config in sorted(configs, key=lambda c: c.name):
-            row = {"name": config.name, "partitions": config.partitions,
+            row = {"name": config.name, "access_type": config.access_type,
+                   "partitions": config.operating_partitions,
                    "discarded": config.discarded, "scaling_status": config.scaling_status,
                    "ingress_enabled": config.ingress_enabled,
                    "egress_enabled": config.egress_enabled}
             try:
-                st = queue_status(broker, config.name)
-            except UserError as exc:
-                row.update(depth=None, rebalance_status=None, flows=None, active_flows=None,
-                           delivery_owner=None, error=exc.message)
+                st = broker.queue_status(config.name)
+            except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
+                row.update(depth=None, parent_depth=None, rebalance_status=None, flows=None,
+                           active_flows=None, delivery_owner=None, error=one_line(str(exc)))
             else:
-                row.update(depth=st.depth, rebalance_status=st.rebalance_status,
+                row.update(partitions=st.partition_count, depth=st.depth,
+                           parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                            flows=len(st.flows), active_flows=sum(1 for f in st.flows if f.active),
                            delivery_owner=st.delivery_owner, error=None)
+                if st.parent_depth and config.partitioned and not out.json:
+                    notes.append(stranded(app, broker, config, st.parent_depth))
             queues.append(row)
     with app.store() as store:
         info = store.env.info()
@@ -72,15 +80,17 @@ def stats(app: App, queue: str | None, out: Output) -> None:
         out.echo("no queues")
         return
     out.echo()
-    out.table(["QUEUE", "PARTITIONS", "DEPTH", "DISCARDED", "REBALANCE", "SCALING", "FLOWS",
-               "ACTIVE", "INGRESS", "EGRESS"],
-              [[q["name"], q["partitions"], q["depth"], q["discarded"],
+    out.table(["QUEUE", "PARTITIONS", "DEPTH", "ACCESS", "DISCARDED", "REBALANCE", "SCALING",
+               "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
+              [[q["name"], q["partitions"], q["depth"], q["access_type"], q["discarded"],
                 q["rebalance_status"] or "unknown", q["scaling_status"], q["flows"],
                 q["active_flows"], on_off(q["ingress_enabled"]), on_off(q["egress_enabled"])]
                for q in queues])
     for q in queues:
         if q["error"]:
             out.warn(q["error"])
+    for note in notes:
+        out.warn(note)
 
 
 @click.command()

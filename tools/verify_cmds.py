@@ -10,8 +10,8 @@ from partq.config import QueueConfig
 from partq.errors import CorruptRecord, CorruptStore
 from partq.storage import decode_record
 from partq.tools.common import App, UserError, pass_app
-from partq.tools.inspect_cmds import READ_BATCH, load_config, partitions_of
-from partq.tools.output import Output, output_options
+from partq.tools.inspect_cmds import READ_BATCH, load_config, log_partitions
+from partq.tools.output import Output, output_options, partition_label
 
 
 def _records(store, qid: int, p: int, start: int):
@@ -32,6 +32,8 @@ def _records(store, qid: int, p: int, start: int):
 def verify(app: App, queue: str | None, out: Output) -> None:
     """Check every stored record of QUEUE (default: every queue) against its checksum.
 
+    Every log is checked: the partitions and the parent queue's log, which the report calls
+    partition "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
     Exit status 1 when a record is corrupt; the report names queue, partition, seq and reason.
     """
     corrupt: list[dict] = []
@@ -43,7 +45,7 @@ def verify(app: App, queue: str | None, out: Output) -> None:
                                    key=lambda c: c.name))
             work = []
             for config in configs:
-                for p in range(partitions_of(config)):
+                for p in log_partitions(r, config):
                     first = r.first_seq(config.qid, p)
                     span = 0 if first is None else r.head(config.qid, p) - first
                     work.append((config, p, first, span))
@@ -75,12 +77,13 @@ def verify(app: App, queue: str | None, out: Output) -> None:
     else:
         if corrupt:
             out.table(["QUEUE", "PARTITION", "SEQ", "REASON"],
-                      [[c["queue"], c["partition"], c["seq"], c["reason"]] for c in corrupt])
+                      [[c["queue"], partition_label(c["partition"]), c["seq"], c["reason"]]
+                       for c in corrupt])
         out.echo(f"checked {total} record{'s' if total != 1 else ''} in {len(checked)} "
                  f"queue{'s' if len(checked) != 1 else ''}: "
                  + (f"{len(corrupt)} corrupt" if corrupt else "all intact"))
     if corrupt:
-        where = ", ".join(f"{c['queue']} partition {c['partition']} seq {c['seq']}"
+        where = ", ".join(f"{c['queue']} partition {partition_label(c['partition'])} seq {c['seq']}"
                           for c in corrupt[:3]) + (" ..." if len(corrupt) > 3 else "")
         raise UserError(f"{len(corrupt)} corrupt record{'s' if len(corrupt) != 1 else ''} ({where}); "
                         f"restore the store from a DR-standby or backup, or consume past them "

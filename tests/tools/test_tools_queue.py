@@ -151,7 +151,8 @@ def test_stats(run, broker):
     doc = json.loads(ok(run("stats", "--json")).stdout)
     assert doc["store"]["file_size"] > 0 and doc["store"]["map_size"] >= doc["store"]["used_bytes"]
     orders = next(q for q in doc["queues"] if q["name"] == "orders")
-    assert orders == {"name": "orders", "partitions": 3, "discarded": 4, "scaling_status": "Ready",
+    assert orders == {"name": "orders", "access_type": "non-exclusive", "partitions": 3,
+                      "discarded": 4, "scaling_status": "Ready", "parent_depth": 0,
                       "ingress_enabled": False, "egress_enabled": True, "depth": 30,
                       "rebalance_status": "Ready", "flows": 0, "active_flows": 0,
                       "delivery_owner": None, "error": None}
