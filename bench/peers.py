@@ -29,7 +29,9 @@ up so that a publish (put, XADD) or an ack returns only after its data was fsync
   errors. When ``redis-server`` is not on PATH, the Redis lines say ``skipped``.
 
 Publish: partq ``publish`` from 1 thread and from 32 threads, ``publish_many`` with 100 and 1000
-per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; persist-queue ``put``;
+per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
+32 Python threads each blocking until a committing thread's fsynced transaction holds its put:
+the ceiling of the 32-threads-vs-1 ratio for any Python broker with blocking publishers); persist-queue ``put``;
 litequeue ``put``; Redis ``XADD`` one at a time and pipelined by 100. Each measurement is cut in
 ``--rounds`` slices, all systems alternating slice by slice, and the median slice is reported,
 so that all see the same disk while its speed drifts (others share this machine).
@@ -74,7 +76,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,9 +84,9 @@ from statistics import median
 import lmdb
 
 import partq
-from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish,
-                       partq_publish_many, raw_lmdb_partitioned_puts, raw_lmdb_puts, scratch_dir,
-                       timed_rate)
+from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish, partq_publish_many,
+                       raw_lmdb_group_commit, raw_lmdb_partitioned_puts, raw_lmdb_puts,
+                       scratch_dir, threads_rate, timed_rate)
 
 PAYLOAD_STR = ("0123456789abcdef" * 16)          # litequeue stores text: 256 ASCII characters
 REPO = Path(__file__).resolve().parents[1]
@@ -157,38 +158,18 @@ def partq_consume(flows: int, prefill: int, seconds: float) -> float:
                                        f"to an even split within 10 s: "
                                        f"{[sorted(f.partitions) for f in bound]}")
                 time.sleep(0.005)
-            counts = [0] * flows
-            errors: list[BaseException] = []
-            start_line = threading.Barrier(flows + 1)
-            deadline = [0.0]
 
-            def consumer(i: int) -> None:
+            def consumer(i: int, end: float) -> int:
                 flow, n = bound[i], 0
-                try:
-                    start_line.wait()
-                    end = deadline[0]
-                    while time.perf_counter() < end:
-                        msgs = flow.receive(100, timeout=0)
-                        if not msgs:
-                            break
-                        flow.ack_many(msgs)
-                        n += len(msgs)
-                except BaseException as exc:  # reported by the main thread
-                    errors.append(exc)
-                counts[i] = n
+                while time.perf_counter() < end:
+                    msgs = flow.receive(100, timeout=0)
+                    if not msgs:
+                        break
+                    flow.ack_many(msgs)
+                    n += len(msgs)
+                return n
 
-            workers = [threading.Thread(target=consumer, args=(i,)) for i in range(flows)]
-            for w in workers:
-                w.start()
-            start = time.perf_counter()
-            deadline[0] = start + seconds
-            start_line.wait()
-            for w in workers:
-                w.join()
-            elapsed = time.perf_counter() - start
-            if errors:
-                raise errors[0]
-            return sum(counts) / elapsed
+            return threads_rate(consumer, flows, seconds)[0]
 
 
 def fsync_file(path: str) -> None:
@@ -593,6 +574,10 @@ COMPARISONS = [
     ("partq_publish_1_thread_vs_redis_xadd", "partq_publish_1_thread", "redis_xadd"),
     ("partq_publish_32_threads", None, "raw_lmdb_put_batch_32"),
     ("partq_publish_32_vs_1_threads", "partq_publish_32_threads", "partq_publish_1_thread"),
+    ("partq_publish_32_threads_vs_raw_lmdb_group_commit_32", "partq_publish_32_threads",
+     "raw_lmdb_group_commit_32_threads"),
+    ("raw_lmdb_group_commit_32_vs_1_threads", "raw_lmdb_group_commit_32_threads",
+     "raw_lmdb_group_commit_1_thread"),
     ("partq_publish_many_batch_100", None, "raw_lmdb_put_batch_100"),
     ("partq_publish_many_batch_100_vs_redis_xadd_pipeline_100", "partq_publish_many_batch_100",
      "redis_xadd_pipeline_100"),
@@ -696,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
             ("redis_xadd", redis_job(lambda t: redis_server.xadd(1, t))),
             ("raw_lmdb_put_batch_32", lambda t: raw_lmdb_puts(32, t)),
             ("partq_publish_32_threads", lambda t: partq_publish(32, t)[0]),
+            ("raw_lmdb_group_commit_1_thread", lambda t: raw_lmdb_group_commit(1, t)),
+            ("raw_lmdb_group_commit_32_threads", lambda t: raw_lmdb_group_commit(32, t)),
             ("raw_lmdb_put_batch_100", lambda t: raw_lmdb_puts(100, t)),
             ("partq_publish_many_batch_100", lambda t: partq_publish_many(100, t)),
             ("redis_xadd_pipeline_100", redis_job(lambda t: redis_server.xadd(100, t))),
@@ -745,6 +732,8 @@ TARGETS = [
      "partq_publish_many_batch_1000_vs_redis_xadd_pipeline_100", "ratio>=", 5.0),
     ("publish from 32 threads >= 10x from 1 thread", "partq_publish_32_vs_1_threads",
      "ratio>=", 10.0),
+    ("(context) raw py-lmdb group commit, 32 blocking threads vs 1: the same 10x asked of the "
+     "stack itself", "raw_lmdb_group_commit_32_vs_1_threads", "ratio>=", 10.0),
     ("receive+ack_many, 1 flow >= 4x Redis XREADGROUP+XACK by 100",
      "partq_receive_ack_many_1_flow", "ratio>=", 4.0),
     ("receive+ack_many, 4 flows >= 4x Redis XREADGROUP+XACK by 100",

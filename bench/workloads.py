@@ -36,6 +36,35 @@ def timed_rate(loop, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
+def threads_rate(body, threads: int, seconds: float) -> tuple[float, int]:
+    """Run ``body(i, deadline) -> messages handled`` in ``threads`` threads released together;
+    return messages per second over all of them and the total. A thread's error is raised."""
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    start_line = threading.Barrier(threads + 1)
+    deadline = [0.0]
+
+    def run(i: int) -> None:
+        try:
+            start_line.wait()
+            counts[i] = body(i, deadline[0])
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    start = time.perf_counter()
+    deadline[0] = start + seconds
+    start_line.wait()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed, sum(counts)
+
+
 # ---------------------------------------------------------------------------- partq
 @contextmanager
 def partq_broker(path: str | None = None, durability: str = "sync", create: bool = True):
@@ -59,33 +88,19 @@ def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
     """Messages per second, and messages per group commit (from the store's counters)."""
     with partq_broker() as b:
         b.publish("q", PAYLOAD, key=KEYS[0])  # warm the config cache
-        counts = [0] * threads
-        start_line = threading.Barrier(threads + 1)
-        deadline = [0.0]
+        writer = b._store._writer  # internal counters, read for this diagnostic only
+        commits_before = writer.commits
 
-        def publisher(t: int) -> None:
+        def publisher(t: int, end: float) -> int:
             publish, n, k = b.publish, 0, t
-            start_line.wait()
-            end = deadline[0]
             while time.perf_counter() < end:
                 publish("q", PAYLOAD, key=KEYS[k % 1024])
                 n += 1
                 k += threads
-            counts[t] = n
+            return n
 
-        workers = [threading.Thread(target=publisher, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        writer = b._store._writer  # internal counters, read for this diagnostic only
-        commits_before = writer.commits
-        start = time.perf_counter()
-        deadline[0] = start + seconds
-        start_line.wait()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - start
-        commits = writer.commits - commits_before
-        return sum(counts) / elapsed, sum(counts) / max(commits, 1)
+        rate, total = threads_rate(publisher, threads, seconds)
+        return rate, total / max(writer.commits - commits_before, 1)
 
 
 def partq_publish_many(batch: int, seconds: float) -> float:
@@ -148,3 +163,59 @@ def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
                 put(key(1, p, s), record)
         return 4 * per
     return _raw_lmdb_rate(write_batch, seconds)
+
+
+def raw_lmdb_group_commit(threads: int, seconds: float) -> float:
+    """The ceiling of partq's threading model with nothing of partq in it: ``threads`` Python
+    threads each hand one put (the 256-byte payload) to a committing thread and block until its
+    fsynced transaction (``sync=True``) holds it; the committer takes everything waiting, as
+    group commit does. What this loses from 1 to 32 threads is the cost of waking blocked
+    Python threads through one GIL, which no broker written in Python escapes."""
+    from _thread import allocate_lock
+    with scratch_dir() as path:
+        env = lmdb.open(path, map_size=8 << 30, sync=True)
+        waiting: list = []
+        cond = threading.Condition()
+        stop = [False]
+
+        def committer() -> None:
+            seq = 0
+            while True:
+                with cond:
+                    while not waiting and not stop[0]:
+                        cond.wait()
+                    if not waiting:
+                        return
+                    batch = waiting[:]
+                    waiting.clear()
+                with env.begin(write=True) as txn:
+                    put = txn.put
+                    for _ in batch:
+                        put(seq.to_bytes(16, "big"), PAYLOAD)
+                        seq += 1
+                for done in batch:
+                    done.release()
+
+        def publisher(t: int, end: float) -> int:
+            n = 0
+            while time.perf_counter() < end:
+                done = allocate_lock()
+                done.acquire()
+                with cond:
+                    waiting.append(done)
+                    cond.notify()
+                done.acquire()
+                n += 1
+            return n
+
+        writer = threading.Thread(target=committer)
+        writer.start()
+        try:
+            rate, _ = threads_rate(publisher, threads, seconds)
+        finally:
+            with cond:
+                stop[0] = True
+                cond.notify()
+            writer.join()
+            env.close()
+        return rate

@@ -22,10 +22,12 @@ PEERS = {"raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_10
          "raw_lmdb_put_batch_1000", "raw_lmdb_partitioned_put_batch_1000", "persistqueue_put",
          "litequeue_put", "redis_xadd",
          "redis_xadd_pipeline_100", "redis_xreadgroup_xack_100", "persistqueue_get_ack",
-         "litequeue_pop_done"}
+         "litequeue_pop_done", "raw_lmdb_group_commit_1_thread", "raw_lmdb_group_commit_32_threads",
+         "raw_lmdb_group_commit_32_vs_1_threads"}
 PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_publish_1_thread_vs_litequeue_put", "partq_publish_1_thread_vs_redis_xadd",
          "partq_publish_32_threads", "partq_publish_32_vs_1_threads",
+         "partq_publish_32_threads_vs_raw_lmdb_group_commit_32",
          "partq_publish_many_batch_100", "partq_publish_many_batch_100_vs_redis_xadd_pipeline_100",
          "partq_publish_many_batch_1000",
          "partq_publish_many_batch_1000_vs_redis_xadd_pipeline_100",
