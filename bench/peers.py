@@ -726,7 +726,7 @@ TARGETS = [
     # label, line name, kind, threshold
     ("publish_many(1000) >= 70% of raw py-lmdb at 1000", "partq_publish_many_batch_1000",
      "ratio>=", 0.70),
-    ("(same) against raw py-lmdb writing partq's layout: 4 partitions, framed records",
+    ("(same) against raw py-lmdb writing partq's layout: 4 partitions, one chunk each",
      "partq_publish_many_batch_1000_vs_raw_lmdb_same_layout", "ratio>=", 0.70),
     ("publish_many(1000) >= 5x Redis XADD pipelined by 100",
      "partq_publish_many_batch_1000_vs_redis_xadd_pipeline_100", "ratio>=", 5.0),

@@ -3,7 +3,17 @@
 Log key: ``>IIQ`` = queue id (u32), partition (u32), sequence (u64), all big-endian so that LMDB's
 byte order is log order and one partition's records are one contiguous key range.
 
-Record value::
+The log stores *chunks*: the records one append placed in one partition, up to
+``CHUNK_RECORDS`` of them, under the key of the chunk's **last** sequence::
+
+    chunk value = msgpack [first_seq: int, record, record, ...]     (records as bin)
+
+Keyed by the last sequence, "the chunk holding seq s" is the first key >= s (one ``set_range``),
+and truncating below a floor deletes exactly the keys below it: every chunk whose records are
+all acked. One LMDB entry per chunk instead of per message is most of what a batch costs LMDB
+(format 2; format 1 stored one entry per record).
+
+Record (inside a chunk)::
 
     crc32c (u32, big-endian, over the body) || body
     body = msgpack [publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes]
@@ -23,7 +33,9 @@ import msgpack
 
 from partq.errors import CorruptRecord, CorruptStore
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHUNK_RECORDS = 512          # records per chunk at most
+CHUNK_BYTES = 256 << 10      # a chunk closes once its records reach this size
 FORMAT_STAMP = b"partq-format/%d" % FORMAT_VERSION
 
 _LOG_KEY = struct.Struct(">IIQ")
@@ -76,6 +88,44 @@ def check_headers(value, depth: int = 0) -> None:
                         f"dict, not {type(value).__name__}")
 
 
+def chunks(first: int, records: list[bytes]):
+    """Split an append into chunks: ``(last_seq, value)`` pairs, in sequence order."""
+    n = len(records)
+    if n <= CHUNK_RECORDS and sum(map(len, records)) <= CHUNK_BYTES:
+        yield first + n - 1, _packer.pack([first, *records])
+        return
+    start = size = 0
+    for i, rec in enumerate(records):
+        size += len(rec)
+        if i + 1 - start >= CHUNK_RECORDS or size >= CHUNK_BYTES or i + 1 == n:
+            yield first + i, _packer.pack([first + start, *records[start:i + 1]])
+            start, size = i + 1, 0
+
+
+def unpack_chunk(value: bytes, last: int) -> tuple[int, list[bytes]]:
+    """``(first_seq, records)`` of a stored chunk; ValueError when it is damaged."""
+    try:
+        chunk = _unpack(value)
+    except Exception as exc:  # msgpack raises a zoo of types on bad input
+        raise ValueError(f"undecodable chunk ({type(exc).__name__})") from None
+    if type(chunk) is not list or len(chunk) < 2 or type(chunk[0]) is not int \
+            or chunk[0] + len(chunk) - 2 != last:
+        raise ValueError("chunk does not match its key")
+    first = chunk[0]
+    del chunk[0]
+    return first, chunk
+
+
+def chunk_length(value: bytes) -> int:
+    """Records in a stored chunk, from its array header alone (0 if it is damaged)."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(value[:9])
+    try:
+        return max(unpacker.read_array_header() - 1, 0)
+    except Exception:  # noqa: BLE001 - a damaged header counts nothing
+        return 0
+
+
 def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes) -> bytes:
     """Encode one record (raises TypeError for headers that would not decode back as given).
     Safe from any thread: the packer holds no state between calls (autoreset)."""
@@ -118,7 +168,8 @@ def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
 class AckState:
     """Durable consumer state of one partition (vocabulary borrowed from nats' ConsumerStore).
 
-    Invariants: every seq < ``floor`` is acked (and truncated from the log); ``above`` holds the
+    Invariants: every seq < ``floor`` is acked (and truncated from the log, chunk by chunk:
+    a chunk that also holds seqs >= floor stays until they are acked too); ``above`` holds the
     acked seqs > floor, so ``floor`` itself is never in it; ``delivered_mark`` >= every seq ever
     handed to a consumer (it may run ahead of real deliveries: see ``partq.broker``), so after a
     restart every unacked seq <= delivered_mark is marked redelivered.

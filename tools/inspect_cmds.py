@@ -81,11 +81,15 @@ def describe_logs(logs: list[int], queue: str) -> str:
 
 def scan(store, config: QueueConfig, partition: int, start: int, end: int, batch: int = READ_BATCH):
     """Yield ``(seq, raw, acked)`` for records of one partition with start <= seq <= end, each
-    batch from its own short read snapshot (records acked and truncated meanwhile are skipped)."""
+    batch from its own short read snapshot. Records below the ack floor are not shown: they are
+    truncated, or about to be with the rest of their chunk (acks meanwhile included)."""
     pos = start
     while pos <= end:
         with store.read() as r:
             ack = r.ack_state(config.qid, partition)
+            pos = max(pos, ack.floor)
+            if pos > end:
+                return
             records = r.records(config.qid, partition, pos, min(batch, end - pos + 1))
         if not records:
             return

@@ -245,11 +245,11 @@ def test_map_full_raises_storage_full_and_leaves_the_store_usable(tmp_path, open
         append(store, qid, 0, BATCH)
     assert head(store, qid) == before
 
-    # A small ack still commits on the full map, and its prefix goes.
-    state = store.write(lambda w: w.ack(qid, 0, range(10)))
-    assert state.floor == 10
+    # A small ack (one append's chunk) still commits on the full map, and its prefix goes.
+    state = store.write(lambda w: w.ack(qid, 0, range(40)))
+    assert state.floor == 40
     with store.read() as r:
-        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (10, before - 10)
+        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (40, before - 40)
     store.close()
 
     # A larger max_map_size lets appends continue past the old limit.
@@ -259,7 +259,7 @@ def test_map_full_raises_storage_full_and_leaves_the_store_usable(tmp_path, open
     assert head(store, qid) == before + 6000
     assert store.env.info()["map_size"] > 4 * MIB
     got = payloads_of(store, qid, 0)
-    assert sorted(got) == list(range(10, before + 6000))
+    assert sorted(got) == list(range(40, before + 6000))
     assert all(v == BATCH[s % 40] for s, v in got.items())
 
 
@@ -393,7 +393,8 @@ def test_damaged_btree_page_is_reported_as_corrupt_store(tmp_path):
 def test_acked_prefix_is_truncated(tmp_path, opened, durability):
     store = opened(tmp_path / "d", durability=durability)
     qid = make_queue(store, partitions=2)
-    append(store, qid, 0, [b"m%d" % i for i in range(100)])
+    for i in range(0, 100, 10):       # ten appends: ten chunks of ten records
+        append(store, qid, 0, [b"m%d" % j for j in range(i, i + 10)])
     append(store, qid, 1, [b"other"] * 10)
 
     assert store.write(lambda w: w.ack(qid, 0, range(50))).floor == 50
@@ -406,10 +407,10 @@ def test_acked_prefix_is_truncated(tmp_path, opened, durability):
         assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (50, 50)
     state = store.write(lambda w: w.ack(qid, 0, range(50, 60)))
     assert (state.floor, state.above) == (62, {75})
-    with store.read() as r:
-        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (62, 38)
+    with store.read() as r:      # chunk 60..69 stays whole: 62..69 are not acked yet
+        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (60, 40)
         assert r.stored_count(qid, 1) == 10  # the neighbour partition is untouched
-    assert payloads_of(store, qid, 0, 0, 1) == {62: b"m62"}
+    assert payloads_of(store, qid, 0, 0, 1) == {60: b"m60"}
     # Acking again, or acking below the floor, changes nothing.
     state = store.write(lambda w: w.ack(qid, 0, [0, 10, 61]))
     assert (state.floor, state.above) == (62, {75})
@@ -422,13 +423,14 @@ def test_acked_prefix_is_truncated(tmp_path, opened, durability):
 def test_truncate_and_drop_partition(tmp_path, opened):
     store = opened(tmp_path / "d")
     qid = make_queue(store, partitions=2)
-    append(store, qid, 0, [b"x"] * 20)
+    for _ in range(4):
+        append(store, qid, 0, [b"x"] * 5)     # chunks 0..4, 5..9, 10..14, 15..19
     append(store, qid, 1, [b"y"] * 5)
-    assert store.write(lambda w: w.truncate(qid, 0, 7)) == 7
+    assert store.write(lambda w: w.truncate(qid, 0, 7)) == 1    # only 0..4 lies wholly below 7
     assert store.write(lambda w: w.truncate(qid, 0, 7)) == 0
     with store.read() as r:
-        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (7, 13)
-    assert store.write(lambda w: w.drop_partition(qid, 0)) == 13
+        assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (5, 15)
+    assert store.write(lambda w: w.drop_partition(qid, 0)) == 15
     with store.read() as r:
         assert r.stored_count(qid, 0) == 0 and r.head(qid, 0) == 20  # head kept: no seq reuse
         assert r.stored_count(qid, 1) == 5
@@ -519,7 +521,7 @@ def test_open_does_not_read_the_log(tmp_path, opened, monkeypatch):
     for qid in qids:
         for p in range(4):
             append(store, qid, p, [b"r" * 50] * 2500)
-        store.write(lambda w, qid=qid: w.ack(qid, 0, range(1000)))
+        store.write(lambda w, qid=qid: w.ack(qid, 0, range(1024)))   # two whole chunks
     store.close()
 
     probe = _Probe()
@@ -529,7 +531,7 @@ def test_open_does_not_read_the_log(tmp_path, opened, monkeypatch):
     assert probe.log_db is not None, "the probe did not see the log database being opened"
     assert probe.log_calls == [], f"opening touched the log: {probe.log_calls}"
     with store.read() as r:  # the probe does see log reads once the store is used
-        assert r.stored_count(qids[0], 0) == 1500
+        assert r.stored_count(qids[0], 0) == 2500 - 1024
     assert probe.log_calls
 
 

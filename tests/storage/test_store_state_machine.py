@@ -30,6 +30,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.qid = 0
         self.appended: dict[int, list[tuple]] = {p: [] for p in range(PARTITIONS)}
         self.acked: dict[int, set[int]] = {p: set() for p in range(PARTITIONS)}
+        # (first, last) of each append: one chunk each (appends here stay under the chunk limits)
+        self.chunks: dict[int, list[tuple[int, int]]] = {p: [] for p in range(PARTITIONS)}
         self.counter = 0
 
     @initialize(durability=st.sampled_from(["sync", "async"]))
@@ -57,6 +59,12 @@ class StoreMachine(RuleBasedStateMachine):
             f += 1
         return f
 
+    def stored_from(self, p: int) -> int:
+        """The first seq still stored: a chunk goes once every record in it is below the floor."""
+        floor = self.floor(p)
+        return next((first for first, last in self.chunks[p] if last >= floor),
+                    len(self.appended[p]))
+
     def unacked(self, p: int) -> list[int]:
         return [s for s in range(len(self.appended[p])) if s not in self.acked[p]]
 
@@ -73,6 +81,7 @@ class StoreMachine(RuleBasedStateMachine):
         first = self.store.write(lambda w: w.append(self.qid, p, records))
         assert first == len(self.appended[p])
         self.appended[p].extend(fields)
+        self.chunks[p].append((first, first + n - 1))
 
     @precondition(lambda self: any(self.appended.values()))
     @rule(p=partitions, data=st.data())
@@ -115,10 +124,14 @@ class StoreMachine(RuleBasedStateMachine):
                 state = r.ack_state(self.qid, p)
                 assert state.floor == floor
                 assert state.above == {s for s in self.acked[p] if s > floor}
+                kept = self.stored_from(p)
                 stored = r.records(self.qid, p, 0, head + 10)
-                assert [seq for seq, _ in stored] == list(range(floor, head))
-                assert r.stored_count(self.qid, p) == head - floor
-                assert r.first_seq(self.qid, p) == (floor if floor < head else None)
+                assert [seq for seq, _ in stored] == list(range(kept, head))
+                assert r.stored_count(self.qid, p) == head - kept
+                assert r.first_seq(self.qid, p) == (kept if kept < head else None)
+                if floor < head:      # reading from any seq starts there
+                    assert [s for s, _ in r.records(self.qid, p, floor, 3)] == \
+                        list(range(floor, min(floor + 3, head)))
                 for seq, raw in stored:
                     if seq not in self.acked[p]:
                         rec = decode_record(raw, "q", p, seq)

@@ -1,0 +1,91 @@
+"""The log's chunks (format 2): one LMDB entry per append and partition, keyed by its last
+sequence, split at CHUNK_RECORDS records or CHUNK_BYTES bytes; reads start anywhere inside a
+chunk; a damaged chunk reports each of its records as corrupt, never skips them."""
+from __future__ import annotations
+
+import pytest
+
+from partq.errors import CorruptRecord
+from partq.storage import Store, decode_record, encode_record
+from partq.storage.encoding import CHUNK_BYTES, CHUNK_RECORDS, log_key, unpack_chunk
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "d", durability="async")
+    yield s
+    s.close()
+
+
+def _queue(store) -> int:
+    def op(w):
+        qid = w.allocate_qid()
+        w.put_queue("q", {"name": "q", "qid": qid, "partitions": 1})
+        w.init_partition(qid, 0)
+        return qid
+    return store.write(op)
+
+
+def _chunks(store, qid) -> list[tuple[int, int, int]]:
+    """(first, last, bytes) of every stored chunk of partition 0, from LMDB itself."""
+    out = []
+    with store.env.begin(db=store.dbs["log"]) as txn:
+        for k, v in txn.cursor():
+            last = int.from_bytes(k[8:], "big")
+            first, recs = unpack_chunk(v, last)
+            out.append((first, last, sum(map(len, recs))))
+    return out
+
+
+def test_one_chunk_per_append_split_at_the_limits(store):
+    qid = _queue(store)
+    small = [encode_record(i, None, None, b"s") for i in range(CHUNK_RECORDS * 2 + 10)]
+    store.write(lambda w: w.append(qid, 0, small[:3]))
+    store.write(lambda w: w.append(qid, 0, small[3:]))
+    n = len(small)
+    assert [(f, l) for f, l, _ in _chunks(store, qid)] == \
+        [(0, 2), (3, 3 + CHUNK_RECORDS - 1), (3 + CHUNK_RECORDS, 3 + 2 * CHUNK_RECORDS - 1),
+         (3 + 2 * CHUNK_RECORDS, n - 1)]
+    big = [encode_record(i, "k", None, b"b" * (CHUNK_BYTES // 3)) for i in range(7)]
+    first = store.write(lambda w: w.append(qid, 0, big))
+    sizes = [size for f, _, size in _chunks(store, qid) if f >= first]
+    assert len(sizes) == 3 and all(size <= CHUNK_BYTES + len(big[0]) for size in sizes)
+    with store.read() as r:
+        got = r.records(qid, 0, 0, 10_000)
+    assert [s for s, _ in got] == list(range(n + 7))
+    assert [raw for _, raw in got] == small + big
+
+
+@pytest.mark.parametrize("start,limit", [(0, 1), (1, 1), (2, 2), (1, 600), (515, 3), (514, 10_000)])
+def test_reads_start_inside_a_chunk_and_cross_chunks(store, start, limit):
+    qid = _queue(store)
+    records = [encode_record(i, None, None, b"%d" % i) for i in range(600)]
+    store.write(lambda w: w.append(qid, 0, records[:2]))
+    store.write(lambda w: w.append(qid, 0, records[2:]))     # chunks 0-1, 2-513, 514-599
+    with store.read() as r:
+        got = r.records(qid, 0, start, limit)
+    want = list(range(start, min(start + limit, 600)))
+    assert [s for s, _ in got] == want
+    assert [decode_record(raw, "q", 0, s).payload for s, raw in got] == [b"%d" % s for s in want]
+
+
+def test_a_damaged_chunk_reports_each_of_its_records(store):
+    qid = _queue(store)
+    for lo in (0, 5, 10):
+        store.write(lambda w, lo=lo: w.append(qid, 0, [encode_record(i, None, None, b"x")
+                                                        for i in range(lo, lo + 5)]))
+    with store.env.begin(write=True, db=store.dbs["log"]) as txn:
+        txn.put(log_key(qid, 0, 9), b"\xc1not a chunk")          # the middle chunk, 5..9
+    for start in (0, 5, 7):
+        with store.read() as r:
+            got = r.records(qid, 0, start, 100)
+        assert [s for s, _ in got] == list(range(start, 15))
+        for seq, raw in got:
+            if 5 <= seq <= 9:
+                with pytest.raises(CorruptRecord) as err:
+                    decode_record(raw, "q", 0, seq)
+                assert err.value.seq == seq
+            else:
+                decode_record(raw, "q", 0, seq)
+    with store.read() as r:
+        assert r.stored_count(qid, 0) == 10     # the damaged chunk's header counts nothing
