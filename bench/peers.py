@@ -31,10 +31,11 @@ up so that a publish (put, XADD) or an ack returns only after its data was fsync
 Publish: partq ``publish`` from 1 thread and from 32 threads, ``publish_many`` with 100 and 1000
 per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
 32 Python threads each blocking until a committing thread's fsynced transaction holds its put:
-the ceiling of the 32-threads-vs-1 ratio for any Python broker with blocking publishers); persist-queue ``put``;
-litequeue ``put``; Redis ``XADD`` one at a time and pipelined by 100. Each measurement is cut in
-``--rounds`` slices, all systems alternating slice by slice, and the median slice is reported,
-so that all see the same disk while its speed drifts (others share this machine).
+the ceiling of the 32-threads-vs-1 ratio for any Python broker with blocking publishers);
+persist-queue ``put``; litequeue ``put``; Redis ``XADD`` one at a time and pipelined by 100.
+Each measurement is cut in ``--rounds`` slices, all systems alternating slice by slice, and the
+median slice is reported, so that all see the same disk while its speed drifts (others share
+this machine).
 
 Consume: each slice pre-fills a fresh queue (untimed; with fsyncs off where the system allows it)
 and then times draining it: partq ``receive(100)`` + ``ack_many`` with 1 flow (bound to all 4

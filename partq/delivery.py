@@ -65,10 +65,11 @@ def _ack_stranded(w, qid: int, seqs: list[int]) -> None:
 
 
 class _Partition:
-    __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error")
+    __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk")
 
     def __init__(self, sp: int, ack) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
+        self.chunk = [None, 0, None]   # the last log chunk read (Reader.records' cache)
         self.ack = ack
         self.next = ack.floor
         self.inflight: dict[int, str] = {}
@@ -110,11 +111,13 @@ class QueueDelivery:
         for sp, ps in kept.items():
             if sp not in index:
                 self._forget_inflight(ps)
-        self.parts = [kept.get(sp) or _Partition(sp, reader.ack_state(self.qid, sp)) for sp in index]
+        self.parts = [kept.get(sp) or _Partition(sp, reader.ack_state(self.qid, sp))
+                      for sp in index]
         self.slot_of = {sp: slot for slot, sp in enumerate(index)}
 
     def part(self, sp: int) -> _Partition | None:
-        """The delivery state of storage partition ``sp``, None if this queue does not deliver it."""
+        """The delivery state of storage partition ``sp``; None if this queue does not deliver
+        it."""
         slot = self.slot_of.get(sp)
         return None if slot is None else self.parts[slot]
 
@@ -229,10 +232,11 @@ class QueueDelivery:
     # ------------------------------------------------------------------ delivery
     def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict, dict]:
         """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages,
-        the delivered marks (storage partition -> (old, new)) that must be durable before they are handed
-        over, and the corrupt records a ``skip_corrupt`` flow stepped over (partition -> seqs),
-        which are acked in the same commit so the log keeps truncating. ``collect_ops`` makes
-        the writes; ``undo_collect`` puts the messages back if that commit fails."""
+        the delivered marks (storage partition -> (old, new)) that must be durable before they
+        are handed over, and the corrupt records a ``skip_corrupt`` flow stepped over
+        (partition -> seqs), which are acked in the same commit so the log keeps truncating.
+        ``collect_ops`` makes the writes; ``undo_collect`` puts the messages back if that commit
+        fails."""
         if flow._pending_error is not None:
             err, flow._pending_error = flow._pending_error, None
             raise err
@@ -262,7 +266,7 @@ class QueueDelivery:
                 ps.error = None       # a flow told to skip takes over where delivery stopped
             inflight, upto = ps.inflight, ps.redeliver_upto
             while len(out) < want:
-                batch = reader.records(qid, p, ps.next, want - len(out) + 8)
+                batch = reader.records(qid, p, ps.next, want - len(out) + 8, ps.chunk)
                 if not batch:
                     break
                 floor, above = ps.ack.floor, ps.ack.above

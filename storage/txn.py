@@ -80,10 +80,15 @@ class Reader:
         raw = self._txn.get(partition_key(qid, partition), db=self._dbs["acks"])
         return AckState.decode(raw, f"queue id {qid} partition {partition}")
 
-    def records(self, qid: int, partition: int, start: int, limit: int) -> list[tuple[int, bytes]]:
+    def records(self, qid: int, partition: int, start: int, limit: int,
+                cache: list | None = None) -> list[tuple[int, bytes]]:
         """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order (records still
         stored: acked ones of a chunk not yet wholly acked included). A damaged chunk yields
-        ``b""`` for each of its sequences, which ``decode_record`` reports as corrupt."""
+        ``b""`` for each of its sequences, which ``decode_record`` reports as corrupt.
+
+        ``cache``: a caller's ``[key, first, records]`` list (``[None, 0, None]`` to start) that
+        keeps the last chunk decoded, so that reading a chunk in several calls decodes it once.
+        Chunks never change once written, and their keys are never reused."""
         out: list[tuple[int, bytes]] = []
         if limit <= 0:
             return out
@@ -91,25 +96,27 @@ class Reader:
         if not cur.set_range(log_key(qid, partition, start)):
             return out
         prefix = partition_key(qid, partition)
-        from_bytes = int.from_bytes
-        for k, v in cur:
+        while True:
+            k = cur.key()
             if k[:8] != prefix:
                 break
-            last = from_bytes(k[8:], "big")
-            try:
-                first, recs = unpack_chunk(v, last)
-            except ValueError:
-                first = self._after_previous_chunk(qid, partition, start, k) if not out else out[-1][0] + 1
-                recs = [b""] * (last - first + 1)
-            skip = start - first
-            if skip > 0:
-                recs = recs[skip:]
-                first = start
-            want = limit - len(out)
-            if len(recs) > want:
-                recs = recs[:want]
-            out += zip(range(first, first + len(recs)), recs)
-            if len(out) >= limit:
+            if cache is not None and cache[0] == k:
+                first, recs = cache[1], cache[2]
+            else:
+                last = int.from_bytes(k[8:], "big")
+                try:
+                    first, recs = unpack_chunk(cur.value(), last)
+                except ValueError:
+                    first = (out[-1][0] + 1 if out
+                             else self._after_previous_chunk(qid, partition, start, k))
+                    recs = [b""] * (last - first + 1)
+                else:
+                    if cache is not None:
+                        cache[:] = (k, first, recs)
+            lo = start - first if start > first else 0
+            hi = min(len(recs), lo + limit - len(out))
+            out += zip(range(first + lo, first + hi), recs[lo:hi])
+            if len(out) >= limit or not cur.next():
                 break
         return out
 

@@ -89,3 +89,20 @@ def test_a_damaged_chunk_reports_each_of_its_records(store):
                 decode_record(raw, "q", 0, seq)
     with store.read() as r:
         assert r.stored_count(qid, 0) == 10     # the damaged chunk's header counts nothing
+
+
+def test_a_cache_decodes_a_chunk_once_across_reads(store):
+    qid = _queue(store)
+    records = [encode_record(i, None, None, b"%d" % i) for i in range(700)]
+    store.write(lambda w: w.append(qid, 0, records))        # chunks 0-511, 512-699
+    cache = [None, 0, None]
+    got, pos, decoded = [], 0, []
+    with store.read() as r:
+        while batch := r.records(qid, 0, pos, 100, cache):
+            if not decoded or cache[2] is not decoded[-1]:
+                decoded.append(cache[2])
+            got += batch
+            pos = batch[-1][0] + 1
+        uncached = r.records(qid, 0, 0, 10_000)
+    assert got == uncached and [s for s, _ in got] == list(range(700))
+    assert len(decoded) == 2          # seven reads, two chunks decoded
