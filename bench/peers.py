@@ -42,7 +42,8 @@ and then times draining it: partq ``receive(100)`` + ``ack_many`` with 1 flow (b
 partitions of a 4-partition queue) and with 4 flows (4 threads, each its own flow holding one
 partition of the same kind of queue); persist-queue ``get`` + ``ack`` per message; litequeue
 ``pop`` + ``done`` per message; Redis ``XREADGROUP COUNT 100`` + ``XACK`` of those 100 ids,
-unpipelined. A slice stops when drained or after its share of ``--seconds``.
+unpipelined. partq once more with ``ack_many_async``: each flow receives its next 100 while the
+previous acks commit, and counts a message once its ack is durable. A slice stops when drained or after its share of ``--seconds``.
 
 Open: ``Broker.open`` + ``queue_status`` + ``close`` on a directory holding 1M, 5M and 10M
 messages (``--sizes``), median of ``--open-reps`` after one untimed open (the page cache is
@@ -146,8 +147,10 @@ def partq_prefill(path: str, count: int) -> None:
     fsync_file(os.path.join(path, "data.mdb"))
 
 
-def partq_consume(flows: int, prefill: int, seconds: float) -> float:
-    """receive(100) + ack_many, ``flows`` threads each with its own flow, until drained."""
+def partq_consume(flows: int, prefill: int, seconds: float, pipelined: bool = False) -> float:
+    """receive(100) + ack_many, ``flows`` threads each with its own flow, until drained. With
+    ``pipelined`` each flow acks with ``ack_many_async`` and receives its next batch while the
+    acks commit; a message counts once its ack is durable (``PendingAck.result()``)."""
     with scratch_dir() as path:
         partq_prefill(path, prefill)
         with partq_broker(path, create=False) as b:
@@ -170,7 +173,23 @@ def partq_consume(flows: int, prefill: int, seconds: float) -> float:
                     n += len(msgs)
                 return n
 
-            return threads_rate(consumer, flows, seconds)[0]
+            def pipelined_consumer(i: int, end: float) -> int:
+                flow, n, previous = bound[i], 0, None
+                while time.perf_counter() < end:
+                    msgs = flow.receive(100, timeout=0)
+                    if not msgs:
+                        break
+                    pending = flow.ack_many_async(msgs)
+                    if previous is not None:
+                        previous[0].result()
+                        n += previous[1]
+                    previous = (pending, len(msgs))
+                if previous is not None:
+                    previous[0].result()
+                    n += previous[1]
+                return n
+
+            return threads_rate(pipelined_consumer if pipelined else consumer, flows, seconds)[0]
 
 
 def fsync_file(path: str) -> None:
@@ -601,6 +620,10 @@ CONSUME_COMPARISONS = [
      "litequeue_pop_done"),
     ("partq_receive_ack_many_4_vs_1_flows", "partq_receive_ack_many_4_flows",
      "partq_receive_ack_many_1_flow"),
+    ("partq_receive_ack_many_async_1_flow", None, "redis_xreadgroup_xack_100"),
+    ("partq_receive_ack_many_async_4_flows", None, "redis_xreadgroup_xack_100"),
+    ("partq_receive_ack_many_async_1_flow_vs_persistqueue_get_ack",
+     "partq_receive_ack_many_async_1_flow", "persistqueue_get_ack"),
 ]
 
 
@@ -700,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
              redis_job(lambda t: redis_server.xreadgroup_xack(prefill["redis"], t))),
             ("persistqueue_get_ack", lambda t: persistqueue_get_ack(prefill["sqlite"], t)),
             ("partq_receive_ack_many_4_flows", lambda t: partq_consume(4, prefill["partq"], t)),
+            ("partq_receive_ack_many_async_1_flow",
+             lambda t: partq_consume(1, prefill["partq"], t, pipelined=True)),
+            ("partq_receive_ack_many_async_4_flows",
+             lambda t: partq_consume(4, prefill["partq"], t, pipelined=True)),
             ("litequeue_pop_done", lambda t: litequeue_pop_done(prefill["sqlite"], t)),
         ]
         run_group(report, consume_jobs, seconds, rounds, CONSUME_COMPARISONS)
@@ -739,6 +766,10 @@ TARGETS = [
      "partq_receive_ack_many_1_flow", "ratio>=", 4.0),
     ("receive+ack_many, 4 flows >= 4x Redis XREADGROUP+XACK by 100",
      "partq_receive_ack_many_4_flows", "ratio>=", 4.0),
+    ("(same, pipelined) receive + ack_many_async, 1 flow >= 4x Redis",
+     "partq_receive_ack_many_async_1_flow", "ratio>=", 4.0),
+    ("(same, pipelined) receive + ack_many_async, 4 flows >= 4x Redis",
+     "partq_receive_ack_many_async_4_flows", "ratio>=", 4.0),
     ("receive+ack_many, 1 flow >= 50x persist-queue get+ack",
      "partq_receive_ack_many_1_flow_vs_persistqueue_get_ack", "ratio>=", 50.0),
     ("receive+ack_many, 4 flows >= 50x persist-queue get+ack",

@@ -14,7 +14,7 @@ from partq.broker import Broker
 from partq.clock import ManualClock, SystemClock
 from partq.config import QueueConfig
 from partq.delivery import InvalidAck
-from partq.flow import Flow
+from partq.flow import Flow, PendingAck
 from partq.hashing import key_partition
 from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
@@ -23,5 +23,5 @@ from partq.storage.encoding import PARENT
 __version__ = "0.1.0"
 
 __all__ = ["Broker", "Flow", "FlowChangeUpdate", "FlowStatus", "InvalidAck", "ManualClock",
-           "Message", "PARENT", "PartitionStatus", "PublishResult", "QueueConfig", "QueueStatus",
+           "Message", "PARENT", "PartitionStatus", "PendingAck", "PublishResult", "QueueConfig", "QueueStatus",
            "SystemClock", "key_partition", *_errors.__all__]

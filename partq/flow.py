@@ -130,12 +130,20 @@ class Flow:
 
     def ack_many(self, msgs: Iterable[Message]) -> None:
         """Acknowledge messages in one commit; durable when this returns."""
+        self.ack_many_async(msgs).result()
+
+    def ack_many_async(self, msgs: Iterable[Message]) -> "PendingAck":
+        """Acknowledge messages in one commit without waiting for it: the acks take effect for
+        delivery at once (nothing acked is delivered again), and are durable once the returned
+        ``PendingAck.result()`` returns. A consumer can receive and process its next batch while
+        the previous batch's acks are committed; until ``result()`` returns, a crash may bring
+        those messages back (redelivered), as for an ack not yet made."""
         broker = self._broker
         with broker._lock:
             fut = broker._submit(self._qd.ack(self, msgs, broker.clock.now()))
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
-        broker._wait(fut)
+        return PendingAck(broker, fut)
 
     def nack(self, msg: Message) -> None:
         """Return ``msg`` for redelivery (with every later unacked message of its partition)."""
@@ -168,3 +176,19 @@ class Flow:
     def __repr__(self) -> str:
         return (f"<Flow {self.name or self.flow_id} of {self.queue!r} "
                 f"partitions={sorted(self.partitions)}{' closed' if self._closed else ''}>")
+
+
+class PendingAck:
+    """What ``Flow.ack_many_async`` returns: ``result()`` waits until the acks are durable (and
+    raises what their commit raised); ``done()`` tells without waiting."""
+
+    __slots__ = ("_broker", "_fut")
+
+    def __init__(self, broker, fut) -> None:
+        self._broker, self._fut = broker, fut
+
+    def done(self) -> bool:
+        return self._fut is None or self._fut.done()
+
+    def result(self) -> None:
+        self._broker._wait(self._fut)

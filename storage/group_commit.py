@@ -49,6 +49,10 @@ class Pending:
         self._value, self._error = value, error
         self._done.release()
 
+    def done(self) -> bool:
+        """Whether the commit has happened (or failed): ``result()`` would not wait."""
+        return not self._done.locked()
+
     def result(self):
         """Wait for the commit; return the operation's result or raise its error."""
         self._done.acquire()

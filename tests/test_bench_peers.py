@@ -36,7 +36,9 @@ PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_receive_ack_many_1_flow_vs_litequeue_pop_done", "partq_receive_ack_many_4_flows",
          "partq_receive_ack_many_4_flows_vs_persistqueue_get_ack",
          "partq_receive_ack_many_4_flows_vs_litequeue_pop_done",
-         "partq_receive_ack_many_4_vs_1_flows", "partq_open_10k_msgs", "partq_open_50k_msgs"}
+         "partq_receive_ack_many_4_vs_1_flows", "partq_receive_ack_many_async_1_flow",
+         "partq_receive_ack_many_async_4_flows",
+         "partq_receive_ack_many_async_1_flow_vs_persistqueue_get_ack", "partq_open_10k_msgs", "partq_open_50k_msgs"}
 REDIS = {"redis_xadd", "redis_xadd_pipeline_100", "redis_xreadgroup_xack_100"}
 
 

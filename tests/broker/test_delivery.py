@@ -349,3 +349,35 @@ def test_a_count_changed_while_nobody_delivered_is_stored_at_the_first_bind(open
         assert [p.flow for p in st.partitions] == [flow.flow_id] * 4
     finally:
         observer.close()
+
+
+# ---------------------------------------------------------------------- acks without waiting
+def test_ack_many_async_takes_effect_at_once_and_is_durable_after_result(open_broker):
+    b = open_broker()
+    b.create_queue("q", partitions=2)
+    b.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(300)])
+    flow = b.bind("q", name="c")
+    first = flow.receive(100)
+    pending = flow.ack_many_async(first)
+    second = flow.receive(100)            # while the first acks may still be committing
+    assert not {(m.partition, m.seq) for m in first} & {(m.partition, m.seq) for m in second}
+    assert flow.unacked == 100
+    pending.result()
+    assert pending.done()
+    flow.ack_many_async(second).result()
+    b.close()
+    b = open_broker()
+    rest = drain(b.bind("q", name="c"))
+    assert sorted(m.payload for m in rest) == sorted(
+        set(b"m%d" % i for i in range(300)) - {m.payload for m in first + second})
+
+
+def test_ack_many_async_refuses_bad_acks_before_returning(broker):
+    broker.create_queue("q")
+    broker.publish("q", b"x")
+    flow = broker.bind("q")
+    (m,) = flow.receive(1)
+    with pytest.raises(partq.InvalidAck):
+        flow.ack_many_async([m._replace(seq=m.seq + 5)])
+    flow.ack_many_async([m]).result()
+    assert broker.queue_status("q").depth == 0
