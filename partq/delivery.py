@@ -32,8 +32,8 @@ from partq.config import QueueConfig
 from partq.errors import CorruptRecord, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import (Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume)
-from partq.storage import crashpoints, decode_record
-from partq.storage.encoding import PARENT
+from partq.storage import crashpoints
+from partq.storage.encoding import PARENT, corruption, record_fields
 
 log = logging.getLogger("partq.delivery")
 
@@ -251,6 +251,7 @@ class QueueDelivery:
             return [], {}, {}
         flow._rr = (flow._rr + 1) % len(owned)
         out: list[Message] = []
+        append, new = out.append, tuple.__new__
         marks: dict[int, tuple[int, int]] = {}
         skipped: dict[int, list[int]] = {}
         for slot in owned[flow._rr:] + owned[:flow._rr]:
@@ -276,9 +277,9 @@ class QueueDelivery:
                     ps.next = seq + 1
                     if seq < floor or seq in above:
                         continue
-                    try:
-                        ts, key, headers, payload = decode_record(raw, name, p, seq)
-                    except CorruptRecord as exc:
+                    fields = record_fields(raw)
+                    if fields is None:
+                        exc = corruption(raw, name, p, seq)
                         if flow.skip_corrupt:
                             log.error("skipping (and acking) %s", exc)
                             ps.ack.add([seq])
@@ -289,7 +290,8 @@ class QueueDelivery:
                         ps.error = exc
                         flow._pending_error = exc
                         break
-                    out.append(Message(name, p, seq, key, payload, headers, ts, seq <= upto))
+                    ts, key, headers, payload = fields
+                    append(new(Message, (name, p, seq, key, payload, headers, ts, seq <= upto)))
                     inflight[seq] = fid
                 if out and out[-1].partition == p and out[-1].seq > ps.high:
                     ps.high = out[-1].seq

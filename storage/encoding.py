@@ -59,6 +59,7 @@ def unpack_u64(raw: bytes) -> int:
 _packer = msgpack.Packer(use_bin_type=True)
 _crc = crc32c.crc32c
 _crc_pack = _CRC.pack
+_crc_unpack = _CRC.unpack_from
 _unpack = msgpack.unpackb
 
 # The parts of ``encode_record`` for callers that encode many records in one loop (the broker's
@@ -144,24 +145,49 @@ class Record(NamedTuple):
     payload: bytes
 
 
+def record_fields(raw: bytes) -> list | None:
+    """``[publish_time_ns, key, headers, payload]`` of a sound record; None for a damaged one
+    (``decode_record`` says what is wrong). The checksum is checked before decoding. This is
+    the hot path of delivery, so it returns the decoded list itself, not a ``Record``."""
+    body = raw[4:]
+    if len(raw) < 5 or _crc(body) != _crc_unpack(raw)[0]:
+        return None
+    try:
+        f = _unpack(body, raw=False, strict_map_key=False)
+    except Exception:  # noqa: BLE001 - msgpack raises a zoo of types on bad input
+        return None
+    if (type(f) is list and len(f) == 4 and type(f[0]) is int and type(f[3]) is bytes
+            and (f[1] is None or type(f[1]) is str) and (f[2] is None or type(f[2]) is dict)):
+        return f
+    return None
+
+
 def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
     """Check the crc32c, then decode. Raises only ``CorruptRecord``."""
+    fields = record_fields(raw)
+    if fields is None:
+        raise corruption(raw, queue, partition, seq)
+    return Record(*fields)
+
+
+def corruption(raw: bytes, queue: str, partition: int, seq: int) -> CorruptRecord:
+    """The error for a record ``record_fields`` refused, saying what is wrong with it."""
+    return CorruptRecord(queue, partition, seq, _damage(raw))
+
+
+def _damage(raw: bytes) -> str:
     if len(raw) < 5:
-        raise CorruptRecord(queue, partition, seq, f"record is {len(raw)} bytes, shorter than a header")
+        return f"record is {len(raw)} bytes, shorter than a header"
     body = raw[4:]
     if _crc(body) != _CRC.unpack_from(raw)[0]:
-        raise CorruptRecord(queue, partition, seq, "crc32c mismatch")
+        return "crc32c mismatch"
     try:
         fields = _unpack(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same here
-        raise CorruptRecord(queue, partition, seq, f"undecodable body ({type(exc).__name__})") from None
+    except Exception as exc:  # noqa: BLE001
+        return f"undecodable body ({type(exc).__name__})"
     if type(fields) is not list or len(fields) != 4:
-        raise CorruptRecord(queue, partition, seq, "body is not a 4-field record")
-    ts, key, headers, payload = fields
-    if not (type(ts) is int and type(payload) is bytes and (key is None or type(key) is str)
-            and (headers is None or type(headers) is dict)):
-        raise CorruptRecord(queue, partition, seq, "record fields have the wrong types")
-    return Record(ts, key, headers, payload)
+        return "body is not a 4-field record"
+    return "record fields have the wrong types"
 
 
 @dataclass(slots=True)
