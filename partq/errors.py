@@ -30,8 +30,9 @@ class CorruptRecord(PartqError):
 
     def __init__(self, queue: str, partition: int, seq: int, reason: str):
         self.queue, self.partition, self.seq, self.reason = queue, partition, seq, reason
+        where = "parent queue" if partition == 0xFFFFFFFF else f"partition {partition}"  # PARENT
         super().__init__(
-            f"corrupt record in queue {queue!r} partition {partition} seq {seq}: {reason}; "
+            f"corrupt record in queue {queue!r} {where} seq {seq}: {reason}; "
             f"run `partq verify` to list damaged records, and bind with skip_corrupt=True "
             f"to deliver past them"
         )

@@ -12,6 +12,7 @@ import pytest
 
 import partq
 from partq import PARENT
+from partq.storage.encoding import log_key
 
 from broker_helpers import DELAY, drain
 
@@ -202,3 +203,15 @@ def test_ack_parent_removes_stranded_messages_only_on_a_partitioned_queue(broker
         broker.ack_parent("q", [-1])
     broker.update_queue("q", access_type="exclusive")
     assert _payloads(drain(broker.bind("q"))) == [b"m2", b"m4"]
+
+
+def test_a_damaged_parent_log_is_reported_as_the_parent_queue(broker):
+    broker.create_queue("q", access_type="exclusive")
+    broker.publish_many("q", [b"a", b"b", b"c"])               # one chunk, seqs 0..2
+    store = broker._store
+    with store.env.begin(write=True, db=store.dbs["log"]) as txn:
+        txn.put(log_key(st_qid(broker), PARENT, 2), b"\xc1 damaged")
+    flow = broker.bind("q")
+    with pytest.raises(partq.CorruptRecord, match="queue 'q' parent queue seq 0: ") as err:
+        flow.receive(10)
+    assert (err.value.partition, err.value.seq) == (PARENT, 0)
