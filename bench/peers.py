@@ -28,8 +28,8 @@ up so that a publish (put, XADD) or an ack returns only after its data was fsync
   ``redis`` Python client over loopback TCP; the server is stopped by its pid at the end, also on
   errors. When ``redis-server`` is not on PATH, the Redis lines say ``skipped``.
 
-Publish: partq ``publish`` from 1 thread and from 32 threads, ``publish_many`` with 100 and 1000
-per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
+Publish: partq ``publish`` from 1 thread and from 32 threads, ``publish_async`` from 1 thread
+with 64 in flight (a message counts once durable), ``publish_many`` with 100 and 1000 per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
 32 Python threads each blocking until a committing thread's fsynced transaction holds its put:
 the ceiling of the 32-threads-vs-1 ratio for any Python broker with blocking publishers);
 persist-queue ``put``; litequeue ``put``; Redis ``XADD`` one at a time and pipelined by 100.
@@ -86,9 +86,9 @@ from statistics import median
 import lmdb
 
 import partq
-from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish, partq_publish_many,
-                       raw_lmdb_group_commit, raw_lmdb_partitioned_puts, raw_lmdb_puts,
-                       scratch_dir, threads_rate, timed_rate)
+from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish, partq_publish_async,
+                       partq_publish_many, raw_lmdb_group_commit, raw_lmdb_partitioned_puts,
+                       raw_lmdb_puts, scratch_dir, threads_rate, timed_rate)
 
 PAYLOAD_STR = ("0123456789abcdef" * 16)          # litequeue stores text: 256 ASCII characters
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def partq_prefill(path: str, count: int) -> None:
 def partq_consume(flows: int, prefill: int, seconds: float, pipelined: bool = False) -> float:
     """receive(100) + ack_many, ``flows`` threads each with its own flow, until drained. With
     ``pipelined`` each flow acks with ``ack_many_async`` and receives its next batch while the
-    acks commit; a message counts once its ack is durable (``PendingAck.result()``)."""
+    acks commit; a message counts once its ack is durable (``Pending.result()``)."""
     with scratch_dir() as path:
         partq_prefill(path, prefill)
         with partq_broker(path, create=False) as b:
@@ -594,6 +594,7 @@ COMPARISONS = [
     ("partq_publish_1_thread_vs_redis_xadd", "partq_publish_1_thread", "redis_xadd"),
     ("partq_publish_32_threads", None, "raw_lmdb_put_batch_32"),
     ("partq_publish_32_vs_1_threads", "partq_publish_32_threads", "partq_publish_1_thread"),
+    ("partq_publish_async_1_thread_window_64", None, "partq_publish_1_thread"),
     ("partq_publish_32_threads_vs_raw_lmdb_group_commit_32", "partq_publish_32_threads",
      "raw_lmdb_group_commit_32_threads"),
     ("raw_lmdb_group_commit_32_vs_1_threads", "raw_lmdb_group_commit_32_threads",
@@ -705,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             ("redis_xadd", redis_job(lambda t: redis_server.xadd(1, t))),
             ("raw_lmdb_put_batch_32", lambda t: raw_lmdb_puts(32, t)),
             ("partq_publish_32_threads", lambda t: partq_publish(32, t)[0]),
+            ("partq_publish_async_1_thread_window_64", lambda t: partq_publish_async(64, t)),
             ("raw_lmdb_group_commit_1_thread", lambda t: raw_lmdb_group_commit(1, t)),
             ("raw_lmdb_group_commit_32_threads", lambda t: raw_lmdb_group_commit(32, t)),
             ("raw_lmdb_put_batch_100", lambda t: raw_lmdb_puts(100, t)),

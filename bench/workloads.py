@@ -103,6 +103,27 @@ def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
         return rate, total / max(writer.commits - commits_before, 1)
 
 
+def partq_publish_async(window: int, seconds: float) -> float:
+    """One thread with up to ``window`` ``publish_async`` calls in flight; a message counts once
+    its ``result()`` returned (it is durable)."""
+    from collections import deque
+    with partq_broker() as b:
+        b.publish("q", PAYLOAD, key=KEYS[0])
+
+        def loop(deadline: float) -> int:
+            publish, inflight, n, k = b.publish_async, deque(), 0, 0
+            while time.perf_counter() < deadline:
+                inflight.append(publish("q", PAYLOAD, key=KEYS[k % 1024]))
+                k += 1
+                if len(inflight) >= window:
+                    inflight.popleft().result()
+                    n += 1
+            for pending in inflight:
+                pending.result()
+            return n + len(inflight)
+        return timed_rate(loop, seconds)
+
+
 def partq_publish_many(batch: int, seconds: float) -> float:
     with partq_broker() as b:
         items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]

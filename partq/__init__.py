@@ -14,14 +14,15 @@ from partq.broker import Broker
 from partq.clock import ManualClock, SystemClock
 from partq.config import QueueConfig
 from partq.delivery import InvalidAck
-from partq.flow import Flow, PendingAck
+from partq.flow import Flow
 from partq.hashing import key_partition
 from partq.message import FlowChangeUpdate, Message, PublishResult
+from partq.pending import Pending
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage.encoding import PARENT
 
 __version__ = "0.1.0"
 
 __all__ = ["Broker", "Flow", "FlowChangeUpdate", "FlowStatus", "InvalidAck", "ManualClock",
-           "Message", "PARENT", "PartitionStatus", "PendingAck", "PublishResult", "QueueConfig", "QueueStatus",
+           "Message", "PARENT", "PartitionStatus", "Pending", "PublishResult", "QueueConfig", "QueueStatus",
            "SystemClock", "key_partition", *_errors.__all__]

@@ -31,6 +31,7 @@ from partq.hashing import crc32c_of
 from partq.load import LoadSampler
 from partq.partitioners import make_partitioner
 from partq.message import PublishResult
+from partq.pending import Pending
 from partq.rebalancer import Rebalancer
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, crashpoints
@@ -312,10 +313,18 @@ class Broker:
                 headers: dict | None = None) -> PublishResult:
         """Publish one message; return once it is durable (S23). Concurrent publishers in this
         process share commits. A keyed message goes to ``crc32c(key) % partitions`` (S1)."""
+        return self.publish_async(queue, payload, key, headers).result()
+
+    def publish_async(self, queue: str, payload: bytes, key: str | None = None,
+                      headers: dict | None = None) -> Pending:
+        """``publish`` without waiting for the commit: bad input raises here, and the returned
+        ``Pending.result()`` gives the ``PublishResult`` once the message is durable (or raises
+        what the commit raised). One thread can keep many publishes in flight this way; they
+        share commits like concurrent publishers do, and land in the order they were made."""
         self._check_writable()
         config = self._publish_config(queue)
         encoded = self._encode_batch(config, ((payload, key, headers),), self.clock.wall_ns())
-        return self._store.write(_PublishOne(self, queue, encoded))
+        return Pending(self._store.submit(_PublishOne(self, queue, encoded)))
 
     def publish_many(self, queue: str, items: Iterable,
                      checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:

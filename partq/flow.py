@@ -10,6 +10,7 @@ from collections import deque
 from typing import Callable, Iterable, Iterator
 
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import Pending
 
 POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
 from partq.storage import crashpoints
@@ -132,10 +133,10 @@ class Flow:
         """Acknowledge messages in one commit; durable when this returns."""
         self.ack_many_async(msgs).result()
 
-    def ack_many_async(self, msgs: Iterable[Message]) -> "PendingAck":
+    def ack_many_async(self, msgs: Iterable[Message]) -> Pending:
         """Acknowledge messages in one commit without waiting for it: the acks take effect for
         delivery at once (nothing acked is delivered again), and are durable once the returned
-        ``PendingAck.result()`` returns. A consumer can receive and process its next batch while
+        ``Pending.result()`` returns. A consumer can receive and process its next batch while
         the previous batch's acks are committed; until ``result()`` returns, a crash may bring
         those messages back (redelivered), as for an ack not yet made."""
         broker = self._broker
@@ -143,7 +144,7 @@ class Flow:
             fut = broker._submit(self._qd.ack(self, msgs, broker.clock.now()))
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
-        return PendingAck(broker, fut)
+        return Pending(fut)
 
     def nack(self, msg: Message) -> None:
         """Return ``msg`` for redelivery (with every later unacked message of its partition)."""
@@ -177,18 +178,3 @@ class Flow:
         return (f"<Flow {self.name or self.flow_id} of {self.queue!r} "
                 f"partitions={sorted(self.partitions)}{' closed' if self._closed else ''}>")
 
-
-class PendingAck:
-    """What ``Flow.ack_many_async`` returns: ``result()`` waits until the acks are durable (and
-    raises what their commit raised); ``done()`` tells without waiting."""
-
-    __slots__ = ("_broker", "_fut")
-
-    def __init__(self, broker, fut) -> None:
-        self._broker, self._fut = broker, fut
-
-    def done(self) -> bool:
-        return self._fut is None or self._fut.done()
-
-    def result(self) -> None:
-        self._broker._wait(self._fut)

@@ -381,3 +381,26 @@ def test_ack_many_async_refuses_bad_acks_before_returning(broker):
         flow.ack_many_async([m._replace(seq=m.seq + 5)])
     flow.ack_many_async([m]).result()
     assert broker.queue_status("q").depth == 0
+
+
+def test_publish_async_keeps_order_shares_commits_and_reports_each_result(open_broker):
+    b = open_broker()
+    b.create_queue("q", partitions=3)
+    writer = b._store._writer          # commit counter, read to show publishes shared commits
+    before = writer.commits
+    pending = [b.publish_async("q", b"m%d" % i, key=f"k{i % 5}") for i in range(200)]
+    results = [p.result() for p in pending]
+    assert all(p.done() for p in pending)
+    assert writer.commits - before < 200
+    for i, r in enumerate(results):
+        assert r.partition == partq.key_partition(f"k{i % 5}", 3)
+    by_key: dict[str, list[int]] = {}
+    for i, r in enumerate(results):       # publish order is seq order within a key
+        by_key.setdefault(f"k{i % 5}", []).append(r.seq)
+    assert all(seqs == sorted(seqs) for seqs in by_key.values())
+    with pytest.raises(partq.InvalidMessage):
+        b.publish_async("q", "not bytes")     # bad input raises at once, nothing queued
+    b.close()
+    b = open_broker()
+    got = drain(b.bind("q"))
+    assert sorted(m.payload for m in got) == sorted(b"m%d" % i for i in range(200))

@@ -1,0 +1,21 @@
+"""Handles of writes a caller chose not to wait for (``Broker.publish_async``,
+``Flow.ack_many_async``)."""
+from __future__ import annotations
+
+
+class Pending:
+    """A write queued for the group commit. ``result()`` waits until it is durable and returns
+    its value (the ``PublishResult`` of ``publish_async``; None for ``ack_many_async``) or
+    raises what its commit raised; ``done()`` tells without waiting. Until ``result()`` returns,
+    a crash may undo the write, as if it had not been made."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self, fut) -> None:
+        self._fut = fut        # the storage layer's pending write; None when nothing was written
+
+    def done(self) -> bool:
+        return self._fut is None or self._fut.done()
+
+    def result(self):
+        return None if self._fut is None else self._fut.result()
