@@ -5,7 +5,8 @@
 Opens the broker, then binds its flows (named c0, c1: a restarted consumer gets its partitions
 back, S17), retrying while another process owns delivery (``DeliveryLocked``: a standby
 consumer process waits here until the owner dies). Logs ``bound`` once it owns delivery, every
-delivery before doing anything with it, and ``acked`` after ack_many returned. With two flows
+delivery before doing anything with it, and ``acked`` after ack_many returned (or, for some
+batches, after the ``ack_many_async`` result of the previous loop returned). With two flows
 and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
 off between flows while messages are in flight; held messages are acked later through any flow
 (late acks are honoured).
@@ -48,12 +49,22 @@ def main(argv=None) -> int:
     held: list = []
     away = 0                                  # loops until the churned flow binds again
 
+    in_flight: list = []                      # (Pending, msgs) of acks not waited for yet
+
     def ack(flow, msgs):
-        if msgs:
-            flow.ack_many(msgs)
-            log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+        if not msgs:
+            return
+        if rng.random() < 0.3:                # ack_many_async: logged once its result() returns
+            in_flight.append((flow.ack_many_async(msgs), msgs))
+            return
+        flow.ack_many(msgs)
+        log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
 
     while True:
+        for pending, msgs in in_flight:       # the last loop's acks committed meanwhile
+            pending.result()
+            log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+        in_flight.clear()
         live = [f for f in flows if f is not None]
         for flow in live:
             msgs = flow.receive(rng.randint(1, 64), timeout=0.05)

@@ -1,4 +1,5 @@
-"""Crash-test publisher: publishes singles and batches with keys until it is killed.
+"""Crash-test publisher: publishes singles, batches and bursts of ``publish_async`` with keys
+until it is killed.
 
     python publisher.py DATA_DIR LOG --tag T --seed S [--queue q] [--keys 12] [--count N]
 
@@ -40,17 +41,23 @@ def main(argv=None) -> int:
         return mid, key, make_payload(mid, key, rng.randrange(64))
 
     while not args.count or n < args.count:
-        if rng.random() < 0.6:
+        how = rng.random()
+        if how < 0.5:
             mid, key, payload = new()
             log.write({"op": "attempt", "id": mid, "key": key})
             res = broker.publish(args.queue, payload, key=key)
             log.write({"op": "published", "id": mid, "partition": res.partition, "seq": res.seq})
-        else:
-            batch = [new() for _ in range(rng.randint(2, 12))]
-            log.write(*({"op": "attempt", "id": mid, "key": key} for mid, key, _ in batch))
+            continue
+        batch = [new() for _ in range(rng.randint(2, 12))]
+        log.write(*({"op": "attempt", "id": mid, "key": key} for mid, key, _ in batch))
+        if how < 0.8:
             results = broker.publish_many(args.queue, [(payload, key) for _, key, payload in batch])
-            log.write(*({"op": "published", "id": mid, "partition": r.partition, "seq": r.seq}
-                        for (mid, _, _), r in zip(batch, results)))
+        else:       # several in flight at once, each durable when its result() returns
+            pending = [broker.publish_async(args.queue, payload, key=key)
+                       for _, key, payload in batch]
+            results = [p.result() for p in pending]
+        log.write(*({"op": "published", "id": mid, "partition": r.partition, "seq": r.seq}
+                    for (mid, _, _), r in zip(batch, results)))
     broker.close()
     return 0
 
