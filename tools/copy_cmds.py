@@ -3,7 +3,8 @@
 The copy itself (resumable, exactly once across re-runs) is ``partq.tools.copyout``. With
 ``--parent`` it copies the parent queue's log: the operator's way to recover the messages a
 change from exclusive to non-exclusive left there, undelivered (seed 001), typically into the
-same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``).
+same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``; ``--move`` also removes
+each copied batch from the parent log once its copy is durable).
 """
 from __future__ import annotations
 

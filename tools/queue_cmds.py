@@ -161,9 +161,11 @@ def stranded(app: App, broker, config, count: int) -> str:
     if done is not None:
         with app.store() as store, store.read() as r:
             if done >= r.head(config.qid, PARENT):
-                return text + (f"already copied into its partitions by `partq copy-out {name} "
-                               f"--parent --to-queue {name}`")
-    return text + f"copy them out with `partq copy-out {name} --parent --to-queue {name}`"
+                return text + (f"already copied into its partitions; remove them from the parent "
+                               f"queue with `partq copy-out {name} --parent --to-queue {name} "
+                               f"--move`")
+    return text + (f"move them into the partitions with `partq copy-out {name} --parent "
+                   f"--to-queue {name} --move`")
 
 
 @queue.command("show")
@@ -235,8 +237,8 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
 
     A change of --access-type unbinds every flow and asks for confirmation first (--yes to
     skip): to exclusive, the messages in the partitions are deleted; to non-exclusive, messages
-    left in the parent queue are no longer delivered (copy them out with `partq copy-out NAME
-    --parent --to-queue NAME`).
+    left in the parent queue are no longer delivered (move them into the partitions with
+    `partq copy-out NAME --parent --to-queue NAME --move`).
     """
     if partitions is not None:
         raise click.UsageError(f"the partition count changes with `partq scale {name} "
@@ -282,8 +284,8 @@ def _access_question(name: str, access: str, st) -> str:
                 f"deleted")
     else:
         what = (f"the {st.parent_depth} message{'s' if st.parent_depth != 1 else ''} in its "
-                f"parent queue stay there, no longer delivered (copy them out with `partq "
-                f"copy-out {name} --parent --to-queue {name}`)")
+                f"parent queue stay there, no longer delivered (move them into the partitions "
+                f"with `partq copy-out {name} --parent --to-queue {name} --move`)")
     return f"Change queue {name!r} to {access}? {flows}, and {what}."
 
 

@@ -150,8 +150,8 @@ def test_stranded_parent_messages_are_copied_back_into_the_partitions(run, broke
     assert (st.access_type, st.partition_count, st.depth, st.parent_depth) == \
         ("non-exclusive", 3, 0, 25)
     text = ok(run("queue", "show", "q")).stdout
-    assert ("parent queue: 25 messages left by a change of access type; not delivered; copy them "
-            "out with `partq copy-out q --parent --to-queue q`") in text
+    assert ("parent queue: 25 messages left by a change of access type; not delivered; move them "
+            "into the partitions with `partq copy-out q --parent --to-queue q --move`") in text
     assert "Warning: parent queue: 25 messages" in ok(run("queue", "list")).stderr
     parent_rows = _rows(run, "q", "--parent")
     assert {r["partition"] for r in parent_rows} == {PARENT}
@@ -176,7 +176,8 @@ def test_stranded_parent_messages_are_copied_back_into_the_partitions(run, broke
     assert "parent" in again.stdout and "4294967295" not in again.stdout
     assert _payloads(r for r in _rows(run, "q") if r["partition"] != PARENT) == \
         collections.Counter(list(left))
-    assert "already copied into its partitions" in ok(run("queue", "show", "q")).stdout
+    assert ("already copied into its partitions; remove them from the parent queue with `partq "
+            "copy-out q --parent --to-queue q --move`") in ok(run("queue", "show", "q")).stdout
 
     # this Broker ran the exclusive queue's delivery: have it apply the change the CLI's Broker
     # made now (its ticker would within 50 ms; a flow bound before that is closed by it)
