@@ -27,6 +27,7 @@ test: $(FULL)
 
 bench: $(FULL)
 	$(BIN)/python bench/publish.py
+	$(BIN)/python bench/encode_cost.py
 	$(BIN)/python bench/rebalance.py
 	$(BIN)/python bench/partitioner.py
 	$(BIN)/python bench/replication.py

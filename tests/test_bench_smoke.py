@@ -41,3 +41,23 @@ def test_publish_bench_quick_prints_json_lines(tmp_path):
         results[obj["name"]] = obj
     assert set(results) == EXPECTED
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+
+
+def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "encode_cost.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = {}
+    for line in proc.stdout.splitlines():
+        obj = json.loads(line)
+        assert obj["value"] > 0, line
+        if "peer" in obj:
+            assert obj["peer_value"] == results[obj["peer"]]["value"], line
+        results[obj["name"]] = obj
+    assert set(results) == {"encode_batch_1000", "decode_record", "record_fields",
+                            "raw_lmdb_put_batch_1000", "partq_publish_many_preencoded_1000",
+                            "partq_publish_many_batch_1000"}
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
