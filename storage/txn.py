@@ -279,7 +279,10 @@ class Writer(Reader):
 
     # partitions --------------------------------------------------------------
     def append(self, qid: int, partition: int, records: list[bytes]) -> int:
-        """Append records to one partition's log; return the first sequence assigned."""
+        """Append records to one partition's log; return the first sequence assigned (the head,
+        unchanged, for no records: an empty chunk would take the previous chunk's key)."""
+        if not records:
+            return self.head(qid, partition)
         if not self._store.appends_allowed(self._txn):
             raise StorageFull(f"{self.path} is at max_map_size={self._store.max_map_size} bytes with "
                               f"its reserve for acks reached; ack and drain messages, or open the "

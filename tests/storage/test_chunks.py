@@ -106,3 +106,13 @@ def test_a_cache_decodes_a_chunk_once_across_reads(store):
         uncached = r.records(qid, 0, 0, 10_000)
     assert got == uncached and [s for s, _ in got] == list(range(700))
     assert len(decoded) == 2          # seven reads, two chunks decoded
+
+
+def test_an_empty_append_changes_nothing(store):
+    qid = _queue(store)
+    records = [encode_record(i, None, None, b"x") for i in range(3)]
+    store.write(lambda w: w.append(qid, 0, records))
+    assert store.write(lambda w: w.append(qid, 0, [])) == 3
+    with store.read() as r:
+        assert r.head(qid, 0) == 3 and [raw for _, raw in r.records(qid, 0, 0, 10)] == records
+
