@@ -121,11 +121,13 @@ class Reader:
         return out
 
     def _after_previous_chunk(self, qid: int, partition: int, start: int, key: bytes) -> int:
-        """Where a damaged chunk at ``key`` begins: after the chunk before it (or at start)."""
+        """Where a damaged chunk at ``key`` begins, as far as anyone needs to know: after the
+        chunk before it, or, for the first chunk left, at the ack floor (what lies below it is
+        acked, and the chunks that held it are gone), and never before ``start``."""
         cur = self._txn.cursor(db=self._dbs["log"])
         if cur.set_key(key) and cur.prev() and cur.key()[:8] == partition_key(qid, partition):
             return max(start, int.from_bytes(cur.key()[8:], "big") + 1)
-        return start
+        return max(start, self.ack_state(qid, partition).floor)
 
     def staged(self, prefix: bytes) -> list[bytes]:
         """Every value staged under ``prefix``, in staging order."""

@@ -116,3 +116,17 @@ def test_an_empty_append_changes_nothing(store):
     with store.read() as r:
         assert r.head(qid, 0) == 3 and [raw for _, raw in r.records(qid, 0, 0, 10)] == records
 
+
+
+def test_a_damaged_first_chunk_reports_from_the_ack_floor(store):
+    qid = _queue(store)
+    for lo in (0, 5, 10):
+        store.write(lambda w, lo=lo: w.append(qid, 0, [encode_record(i, None, None, b"x")
+                                                        for i in range(lo, lo + 5)]))
+    store.write(lambda w: w.ack(qid, 0, range(7)))            # chunk 0..4 goes, 5..9 stays
+    with store.env.begin(write=True, db=store.dbs["log"]) as txn:
+        txn.put(log_key(qid, 0, 9), b"\xc1 damaged")
+    with store.read() as r:
+        got = r.records(qid, 0, 0, 100)
+    assert [s for s, _ in got] == list(range(7, 15))        # not 0..6: acked, long truncated
+    assert [raw for s, raw in got if s < 10] == [b""] * 3
