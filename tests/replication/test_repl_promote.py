@@ -17,6 +17,21 @@ def _start_primary(tmp_path, procs):
     return primary, address
 
 
+def _both_killed_after_catch_up(tmp_path, procs) -> dict:
+    """A primary with named consumers and a standby in its own process; once the standby has
+    everything, both are SIGKILLed. Returns the primary's ready.json (assignment, head LSN)."""
+    primary, address = _start_primary(tmp_path, procs)
+    standby = procs.start("standby", "proc_standby.py", tmp_path / "standby", address,
+                          tmp_path / "standby.json")
+    ready = wait_until(lambda: read_json(tmp_path / "ready.json"), 60, "the primary's setup",
+                       procs=[primary, standby])
+    wait_until(lambda: (read_json(tmp_path / "standby.json") or {}).get("applied_lsn", -1)
+               >= ready["head_lsn"], 30, "the standby to catch up", procs=[standby])
+    primary.kill()
+    standby.kill()
+    return ready
+
+
 def _check_promoted(b: partq.Broker, ready: dict) -> None:
     assert b.replication_status().role == "primary"
     assignment = ready["assignment"]
@@ -87,15 +102,7 @@ def test_promote_live_standby_after_primary_killed(tmp_path, procs):
 
 @pytest.mark.timeout(120)
 def test_promote_reopened_standby_after_both_killed(tmp_path, procs):
-    primary, address = _start_primary(tmp_path, procs)
-    standby = procs.start("standby", "proc_standby.py", tmp_path / "standby", address,
-                          tmp_path / "standby.json")
-    ready = wait_until(lambda: read_json(tmp_path / "ready.json"), 60, "the primary's setup",
-                       procs=[primary, standby])
-    wait_until(lambda: (read_json(tmp_path / "standby.json") or {}).get("applied_lsn", -1)
-               >= ready["head_lsn"], 30, "the standby to catch up", procs=[standby])
-    primary.kill()
-    standby.kill()
+    ready = _both_killed_after_catch_up(tmp_path, procs)
     with partq.Broker.open(tmp_path / "standby") as b:
         with pytest.raises(partq.StandbyReadOnly):
             b.bind("orders", name="a")
@@ -109,15 +116,7 @@ def test_promote_reopened_standby_after_both_killed(tmp_path, procs):
 def test_promoted_standby_serves_a_new_standby(tmp_path, procs):
     """After a failover, the promoted broker becomes the primary of a new standby (reopened with
     replication_listen), which ends identical to it."""
-    primary, address = _start_primary(tmp_path, procs)
-    standby = procs.start("standby", "proc_standby.py", tmp_path / "standby", address,
-                          tmp_path / "standby.json")
-    ready = wait_until(lambda: read_json(tmp_path / "ready.json"), 60, "the primary's setup",
-                       procs=[primary, standby])
-    wait_until(lambda: (read_json(tmp_path / "standby.json") or {}).get("applied_lsn", -1)
-               >= ready["head_lsn"], 30, "the standby to catch up", procs=[standby])
-    primary.kill()
-    standby.kill()
+    ready = _both_killed_after_catch_up(tmp_path, procs)
     with partq.Broker.open(tmp_path / "standby") as b:
         b.promote()
     new_address = f"127.0.0.1:{free_port()}"
