@@ -23,7 +23,7 @@ import sys
 import time
 
 from workloads import (KEYS, PAYLOAD, partq_broker, partq_publish_many, raw_lmdb_puts,
-                       timed_rate)
+                       repeat_rate)
 
 from partq.broker import Broker
 from partq.config import QueueConfig
@@ -55,14 +55,7 @@ def preencoded_rate(seconds: float) -> float:
         items = [(PAYLOAD, KEYS[i % 1024]) for i in range(1000)]
         encoded = b._encode_batch(b.queue_config("q"), items, time.time_ns())
         write, op = b._store.write, b._publish_op
-
-        def loop(deadline: float) -> int:
-            n = 0
-            while time.perf_counter() < deadline:
-                write(op("q", encoded, single=False))
-                n += 1000
-            return n
-        return timed_rate(loop, seconds)
+        return repeat_rate(lambda: write(op("q", encoded, single=False)), 1000, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,7 @@ import lmdb
 import partq
 from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish, partq_publish_async,
                        partq_publish_many, raw_lmdb_group_commit, raw_lmdb_partitioned_puts,
-                       raw_lmdb_puts, scratch_dir, threads_rate, timed_rate)
+                       raw_lmdb_puts, repeat_rate, scratch_dir, threads_rate, timed_rate)
 
 PAYLOAD_STR = ("0123456789abcdef" * 16)          # litequeue stores text: 256 ASCII characters
 REPO = Path(__file__).resolve().parents[1]
@@ -237,14 +237,7 @@ def persistqueue_queue():
 def persistqueue_put(seconds: float) -> float:
     with persistqueue_queue() as q:
         q.put(PAYLOAD)
-
-        def loop(deadline: float) -> int:
-            n, put = 0, q.put
-            while time.perf_counter() < deadline:
-                put(PAYLOAD)
-                n += 1
-            return n
-        return timed_rate(loop, seconds)
+        return repeat_rate(lambda: q.put(PAYLOAD), 1, seconds)
 
 
 def persistqueue_get_ack(prefill: int, seconds: float) -> float:
@@ -288,14 +281,7 @@ def litequeue_queue():
 def litequeue_put(seconds: float) -> float:
     with litequeue_queue() as q:
         q.put(PAYLOAD_STR)
-
-        def loop(deadline: float) -> int:
-            n, put = 0, q.put
-            while time.perf_counter() < deadline:
-                put(PAYLOAD_STR)
-                n += 1
-            return n
-        return timed_rate(loop, seconds)
+        return repeat_rate(lambda: q.put(PAYLOAD_STR), 1, seconds)
 
 
 def litequeue_pop_done(prefill: int, seconds: float) -> float:
@@ -408,23 +394,14 @@ class RedisServer:
         with self.stream() as s:
             r.xadd(s, fields)
             if pipeline == 1:
-                def loop(deadline: float) -> int:
-                    n, xadd = 0, r.xadd
-                    while time.perf_counter() < deadline:
-                        xadd(s, fields)
-                        n += 1
-                    return n
-            else:
-                def loop(deadline: float) -> int:
-                    n = 0
-                    while time.perf_counter() < deadline:
-                        pipe = r.pipeline(transaction=False)
-                        for _ in range(pipeline):
-                            pipe.xadd(s, fields)
-                        pipe.execute()
-                        n += pipeline
-                    return n
-            return timed_rate(loop, seconds)
+                return repeat_rate(lambda: r.xadd(s, fields), 1, seconds)
+
+            def send() -> None:
+                pipe = r.pipeline(transaction=False)
+                for _ in range(pipeline):
+                    pipe.xadd(s, fields)
+                pipe.execute()
+            return repeat_rate(send, pipeline, seconds)
 
     def xreadgroup_xack(self, prefill: int, seconds: float) -> float:
         r = self.client

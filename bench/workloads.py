@@ -36,6 +36,18 @@ def timed_rate(loop, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
+def repeat_rate(call, per_call: int, seconds: float) -> float:
+    """Messages per second of calling ``call()``, which handles ``per_call`` messages, over and
+    over for ``seconds``."""
+    def loop(deadline: float) -> int:
+        n = 0
+        while time.perf_counter() < deadline:
+            call()
+            n += per_call
+        return n
+    return timed_rate(loop, seconds)
+
+
 def threads_rate(body, threads: int, seconds: float) -> tuple[float, int]:
     """Run ``body(i, deadline) -> messages handled`` in ``threads`` threads released together;
     return messages per second over all of them and the total. A thread's error is raised."""
@@ -128,14 +140,7 @@ def partq_publish_many(batch: int, seconds: float) -> float:
     with partq_broker() as b:
         items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]
         b.publish_many("q", items[:1])
-
-        def loop(deadline: float) -> int:
-            n = 0
-            while time.perf_counter() < deadline:
-                b.publish_many("q", items)
-                n += batch
-            return n
-        return timed_rate(loop, seconds)
+        return repeat_rate(lambda: b.publish_many("q", items), batch, seconds)
 
 
 # ---------------------------------------------------------------------------- raw LMDB
