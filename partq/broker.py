@@ -22,7 +22,7 @@ from typing import Iterable
 
 from partq.clock import SystemClock
 from partq.config import MAX_PARTITIONS, USER_SETTABLE, QueueConfig
-from partq.delivery import QueueDelivery, delivery_layout
+from partq.delivery import QueueDelivery, ack_parent_log, delivery_layout
 from partq.delivery_lock import DeliveryLock, queue_holder
 from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
                           QueueNotFound, StandbyReadOnly)
@@ -572,14 +572,7 @@ class Broker:
             if not config.partitioned:
                 raise InvalidConfig(f"queue {name!r} is exclusive: its parent-queue log is what it "
                                     f"delivers; ack its messages through a flow")
-            if not w.has_partition(config.qid, PARENT):
-                return 0
-            head = w.head(config.qid, PARENT)
-            state = w.ack_state(config.qid, PARENT)
-            new = sorted({s for s in seqs if s < head and not state.is_acked(s)})
-            if new:
-                w.ack(config.qid, PARENT, new)
-            return len(new)
+            return ack_parent_log(w, config.qid, seqs)
         return self._store.write(op)
 
     def scale(self, name: str, partitions: int, progress=None) -> QueueConfig:

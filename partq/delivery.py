@@ -57,11 +57,18 @@ def describe_mode(config: QueueConfig) -> str:
     return "non-partitioned (exclusive access)"
 
 
-def _ack_stranded(w, qid: int, seqs: list[int]) -> None:
-    """Acks of parent-queue messages delivered before the queue became partitioned: the
-    messages stay in the parent log, so the acks are still recorded (copy-out skips them)."""
-    head = w.head(qid, PARENT)
-    w.ack(qid, PARENT, [s for s in seqs if s < head])
+def ack_parent_log(w, qid: int, seqs) -> int:
+    """Ack messages of the parent log of a partitioned queue, which nothing delivers: late acks
+    of messages delivered while it was exclusive (copy-out then skips them), and
+    ``Broker.ack_parent``. Seqs the log never had are ignored; returns how many were newly
+    acked."""
+    if not w.has_partition(qid, PARENT):
+        return 0
+    head, state = w.head(qid, PARENT), w.ack_state(qid, PARENT)
+    new = sorted({s for s in seqs if s < head and not state.is_acked(s)})
+    if new:
+        w.ack(qid, PARENT, new)
+    return len(new)
 
 
 class _Partition:
@@ -347,7 +354,7 @@ class QueueDelivery:
             if not ps.ack.is_acked(m.seq):
                 by_p.setdefault(slot, []).append(m.seq)
         qid = self.qid
-        ops = [] if not stranded else [lambda w: _ack_stranded(w, qid, stranded)]
+        ops = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
         if not by_p:
             return ops
         for p, seqs in by_p.items():
