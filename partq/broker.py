@@ -64,6 +64,12 @@ class _PublishOne:
         return first.broker._publish_op(first.queue, [op.items[0] for op in ops], single=False)(w)
 
 
+def _checkpoint_key(name: str) -> bytes:
+    if not isinstance(name, str) or not 0 < len(name.encode()) <= 400:
+        raise InvalidConfig(f"a checkpoint name is a str of 1 to 400 bytes, not {name!r}")
+    return b"checkpoint/" + name.encode()
+
+
 def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
     return (a.partitioner, a.sticky_batch_size, a.adaptive, a.partition_availability_timeout) == \
         (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
@@ -303,8 +309,12 @@ class Broker:
                     flow._close(f"queue {name!r} was deleted")
             lock = self._delivery_locks.pop(name, None) or DeliveryLock(self.path, config.qid, name)
             self._configs.pop(name, None)
+        def op(w):
+            current = w.queue(name)
+            if current is not None and current["qid"] == config.qid:
+                w.delete_queue(name, config.qid)
         try:
-            self._store.write(lambda w: w.delete_queue(name))
+            self._store.write(op)
         finally:
             lock.release()
 
@@ -333,7 +343,9 @@ class Broker:
 
         ``checkpoint=(name, position)`` makes a resumable copy idempotent: the position is stored
         in the same transaction, and a batch whose position is not beyond the stored one is
-        skipped (returns ``[]``). Read it back with ``checkpoint(name)``.
+        skipped (returns ``[]``). Read it back with ``checkpoint(queue, name)``. A checkpoint
+        belongs to the queue it was published into: deleting the queue deletes it, and a queue
+        created again under the same name starts with none.
         """
         self._check_writable()
         config = self._publish_config(queue)
@@ -345,24 +357,28 @@ class Broker:
         if checkpoint is None:
             return self._store.write(publish)
         name, position = checkpoint
-        key = b"checkpoint/" + name.encode()
+        key = _checkpoint_key(name)
 
         def op(w):
-            stored = w.meta(key)
+            config = self._config_in(w, queue)
+            stored = w.queue_meta(config.qid, key)
             if stored is not None and unpack_u64(stored) >= position:
                 return []
-            if not self._config_in(w, queue).ingress_enabled:
+            if not config.ingress_enabled:
                 raise IngressDisabled(f"queue {queue!r} has ingress disabled: a checkpointed copy "
                                       f"would lose the batch; enable ingress and run it again")
-            w.put_meta(key, pack_u64(position))
+            w.put_queue_meta(config.qid, key, pack_u64(position))
             return publish(w) if encoded else []
         return self._store.write(op)
 
-    def checkpoint(self, name: str) -> int | None:
-        """The last position stored by ``publish_many(..., checkpoint=(name, position))``."""
+    def checkpoint(self, queue: str, name: str) -> int | None:
+        """The last position ``publish_many(queue, ..., checkpoint=(name, position))`` stored."""
         with self._store.read() as r:
-            raw = r.meta(b"checkpoint/" + name.encode())
-        return None if raw is None else unpack_u64(raw)
+            raw = r.queue(queue)
+            if raw is None:
+                raise QueueNotFound(f"no queue named {queue!r}")
+            stored = r.queue_meta(raw["qid"], _checkpoint_key(name))
+        return None if stored is None else unpack_u64(stored)
 
     def _publish_config(self, queue: str) -> QueueConfig:
         if type(queue) is not str:

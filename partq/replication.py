@@ -626,7 +626,9 @@ def apply_change(w, change: list) -> None:
     elif kind == "put_queue":
         w.put_queue(change[1], change[2])
     elif kind == "delete_queue":
-        w.delete_queue(change[1])
+        w.delete_queue(change[1], change[2])
+    elif kind == "queue_meta":
+        w.put_queue_meta(change[1], change[2], change[3])
     elif kind == "put_state":
         w.put_state(change[1], change[2])
     elif kind == "delivered_mark":

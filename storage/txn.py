@@ -9,6 +9,7 @@ Databases of the environment (all keys big-endian, see ``encoding``):
 db         key                            value
 =========  =============================  ===========================================
 meta       b"format", b"next_qid", ...    format stamp, counters, replication slots
+meta       b"q/" || qid || name           a value kept for one queue, deleted with it
 queues     queue name (utf-8)             msgpack config dict (includes ``qid``)
 heads      (qid, partition)               u64: next sequence to assign (never reused)
 acks       (qid, partition)               ``AckState``: floor, acked-above, delivered mark
@@ -23,6 +24,7 @@ replication change log (S27) when a standby slot exists. That is the single chok
 """
 from __future__ import annotations
 
+import struct
 import time
 from typing import Iterable
 
@@ -30,12 +32,19 @@ import msgpack
 
 from partq.errors import StorageFull
 from partq.storage import crashpoints
-from partq.storage.encoding import (PARENT, AckState, chunk_length, chunks, decode_meta,
+from partq.storage.encoding import (AckState, chunk_length, chunks, decode_meta,
                                     encode_meta, log_key, pack_u64, partition_key, unpack_chunk,
                                     unpack_u64)
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 _U32_MAX = 0xFFFFFFFF
+_QID = struct.Struct(">I")
+_QUEUE_META = b"q/"
+
+
+def queue_meta_key(qid: int, name: bytes) -> bytes:
+    """``q/`` || queue id (u32) || name: the meta key of a value kept for one queue."""
+    return _QUEUE_META + _QID.pack(qid) + name
 
 
 class Reader:
@@ -66,6 +75,12 @@ class Reader:
 
     def meta(self, key: bytes) -> bytes | None:
         return self._txn.get(key, db=self._dbs["meta"])
+
+    def queue_meta(self, qid: int, name: bytes) -> bytes | None:
+        """A value kept for one queue (checkpoints, counters, a procedure in progress): it goes
+        with the queue when the queue is deleted, and a queue created later under the same name
+        (a new queue id) never sees it."""
+        return self._txn.get(queue_meta_key(qid, name), db=self._dbs["meta"])
 
     # partitions --------------------------------------------------------------
     def head(self, qid: int, partition: int) -> int:
@@ -218,18 +233,35 @@ class Writer(Reader):
         self._txn.put(name.encode(), encode_meta(config), db=self._dbs["queues"])
         self._change("put_queue", name, config)
 
-    def delete_queue(self, name: str) -> None:
-        config = self.queue(name)
-        if config is None:
-            return
-        qid = config["qid"]
-        created = max(config["partitions"], config.get("scaling_from", 0), config.get("scaling_to", 0))
-        for p in [*range(created), PARENT]:
-            self.drop_partition(qid, p)
-            self._txn.delete(partition_key(qid, p), db=self._dbs["heads"])
+    def delete_queue(self, name: str, qid: int) -> None:
+        """Delete queue ``name`` (id ``qid``) and everything stored under its id: every log,
+        head and ack state (partitions of any number, the parent log included), its state blob
+        and its queue meta values."""
+        for db in ("log", "acks", "heads"):
+            self._delete_prefix(self._dbs[db], _QID.pack(qid))
+        self._delete_prefix(self._dbs["meta"], queue_meta_key(qid, b""))
         self._txn.delete(pack_u64(qid), db=self._dbs["state"])
         self._txn.delete(name.encode(), db=self._dbs["queues"])
-        self._change("delete_queue", name)
+        self._change("delete_queue", name, qid)
+
+    def _delete_prefix(self, db, prefix: bytes) -> int:
+        cur = self._txn.cursor(db=db)
+        n = 0
+        if cur.set_range(prefix):
+            while cur.key().startswith(prefix):
+                if not cur.delete():
+                    break
+                n += 1
+        return n
+
+    def put_queue_meta(self, qid: int, name: bytes, value: bytes | None) -> None:
+        """Set (or, with None, delete) a value kept for one queue (see ``Reader.queue_meta``)."""
+        key = queue_meta_key(qid, name)
+        if value is None:
+            self._txn.delete(key, db=self._dbs["meta"])
+        else:
+            self._txn.put(key, value, db=self._dbs["meta"])
+        self._change("queue_meta", qid, name, value)
 
     def put_state(self, qid: int, blob: bytes) -> None:
         self._txn.put(pack_u64(qid), blob, db=self._dbs["state"])

@@ -16,7 +16,7 @@ import click
 
 from partq.storage.encoding import PARENT
 from partq.tools.common import App, UserError, pass_app, require
-from partq.tools.copyout import FORMATS, FileSink, QueueSink, copy, plan
+from partq.tools.copyout import FORMATS, FileSink, QueueSink, copy, plan, proven_copied
 from partq.tools.inspect_cmds import load_config, log_partitions, select_logs
 from partq.tools.output import Output, output_options, partition_label
 
@@ -24,8 +24,11 @@ from partq.tools.output import Output, output_options, partition_label
 @click.command("copy-out")
 @click.argument("queue")
 @click.option("--to-queue", "to_queue", metavar="DEST", help="Copy into queue DEST of this store.")
-@click.option("--to-file", "to_file", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Copy into file PATH (continued, not overwritten, by a re-run).")
+@click.option("--to-file", "to_file", metavar="PATH", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Copy into file PATH, or - for standard output. A re-run continues a file "
+                   "an earlier copy of this queue wrote; any other existing file is refused.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing --to-file PATH instead of continuing it.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True,
               help="File format: JSON Lines (payload base64) or a stream of msgpack maps.")
 @click.option("--partition", "-p", type=int, help="Only this partition [default: all logs].")
@@ -45,8 +48,9 @@ from partq.tools.output import Output, output_options, partition_label
 @output_options
 @pass_app
 def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fmt: str,
-             partition: int | None, parent: bool, move: bool, from_seq: int | None,
-             to_seq: int | None, batch: int, skip_corrupt: bool, out: Output) -> None:
+             overwrite: bool, partition: int | None, parent: bool, move: bool,
+             from_seq: int | None, to_seq: int | None, batch: int, skip_corrupt: bool,
+             out: Output) -> None:
     """Copy the unacked messages of QUEUE to --to-queue DEST or --to-file PATH.
 
     Acked messages are not copied and nothing is consumed. Interrupted (Ctrl-C, SIGKILL, a
@@ -71,6 +75,11 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
     if partition == PARENT:
         parent, partition = True, None       # the integer --json prints for the parent log
     require(not move or parent, "--move applies to the parent-queue log only: pass --parent")
+    require(not (move and to_file == "-"), "--move removes what a durable copy holds: pass "
+                                           "--to-queue DEST or --to-file PATH, not standard output")
+    require(not overwrite or to_file is not None, "--overwrite applies to --to-file only")
+    if to_file == "-":
+        out = out.to_stderr()    # standard output carries the messages
     require(to_queue != queue or parent,
             "--to-queue must name another queue than the source (only --parent copies into "
             "the source queue itself: its parent-queue log into its partitions)")
@@ -95,21 +104,23 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
                             f"--move would take messages from its consumers; drop --move, or "
                             f"make it non-exclusive first")
         if to_queue is not None:
-            sink = QueueSink(broker, queue, to_queue, range_tag)
+            sink = QueueSink(broker, config, to_queue, range_tag)
         else:
-            sink = FileSink(to_file, fmt, queue)
+            sink = FileSink(to_file, fmt, config, overwrite)
         stack.callback(sink.close)
         reports = plan(store, config, parts, from_seq or 0, to_seq, sink)
         remove = None
         if move:
             def remove(seqs: list[int]) -> None:
                 moved[0] += broker.ack_parent(queue, seqs)
-            # an interrupted --move may have copied a batch without removing it
+            # an interrupted --move may have copied a batch without removing it: remove what
+            # that run (this same copy of this same queue) proved copied, and nothing else
             with store.read() as r:
                 floor = r.ack_state(config.qid, PARENT).floor
             earlier = sink.copied_before(PARENT, max(from_seq or 0, floor))
-            for i in range(0, len(earlier), 10_000):
-                remove(list(earlier[i:i + 10_000]))
+            for seqs in proven_copied(store, config, PARENT, earlier):
+                if seqs:
+                    remove(seqs)
         total = sum(max(rep.end - rep.start + 1, 0) for rep in reports)
         stop = stack.enter_context(_stop_on_signals())
         with out.progress(total, f"copying {queue}") as bar:

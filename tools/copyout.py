@@ -22,10 +22,12 @@ file records carry the integer 4294967295 as its partition.
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
-import hashlib
 import json
 import os
+import stat
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,13 +36,18 @@ import msgpack
 from partq.config import QueueConfig
 from partq.errors import CorruptRecord
 from partq.storage import Record, decode_record
+from partq.storage.encoding import record_fields
 from partq.tools.common import UserError, describe_os_error
 from partq.storage.encoding import PARENT
 from partq.tools.output import jsonable, partition_label
 
 FORMATS = ("jsonl", "msgpack")
-JSONL_KEYS = ("queue", "partition", "seq", "key", "publish_time_ns", "headers", "payload_b64")
-MSGPACK_KEYS = ("queue", "partition", "seq", "key", "publish_time_ns", "headers", "payload")
+JSONL_KEYS = ("queue", "queue_id", "partition", "seq", "key", "publish_time_ns", "headers",
+              "payload_b64")
+MSGPACK_KEYS = ("queue", "queue_id", "partition", "seq", "key", "publish_time_ns", "headers",
+                "payload")
+READ_WINDOW = 10_000     # records per read snapshot when checking what an earlier run copied
+SCAN_BLOCK = 1 << 20     # bytes read at a time when continuing a msgpack file
 
 
 @dataclass
@@ -60,20 +67,20 @@ class PartitionReport:
 
 
 # ---------------------------------------------------------------------- destinations
-def checkpoint_name(source: str, partition: int, dest: str, range_tag: str = "") -> str:
-    """The broker checkpoint of a copy of ``source``'s ``partition`` into queue ``dest``: the
-    last source sequence copied, plus one."""
-    name = f"copy-out:{source}:{partition}:{dest}{range_tag}"
-    if len(name.encode()) > 400:   # LMDB keys are at most 511 bytes
-        name = "copy-out:" + hashlib.sha256(name.encode()).hexdigest()
-    return name
+def checkpoint_name(source_qid: int, partition: int, range_tag: str = "") -> str:
+    """The checkpoint a copy of ``partition`` of the queue with id ``source_qid`` keeps in its
+    destination queue: the last source sequence copied, plus one. Queue ids are never reused,
+    so a queue deleted and created again (source or destination) starts a copy afresh, and the
+    destination's checkpoints go when it is deleted."""
+    return f"copy-out/{source_qid}/{partition}{range_tag}"
 
 
 class QueueSink:
     """Copies into another queue of the same store, idempotently per batch."""
 
-    def __init__(self, broker, source: str, dest: str, range_tag: str) -> None:
-        self.broker, self.source, self.dest, self.range_tag = broker, source, dest, range_tag
+    def __init__(self, broker, source: QueueConfig, dest: str, range_tag: str) -> None:
+        self.broker, self.source, self.dest, self.range_tag = broker, source.name, dest, range_tag
+        self.source_qid = source.qid
         config = broker.queue_config(dest)  # QueueNotFound if missing
         if not config.ingress_enabled:
             raise UserError(f"destination queue {dest!r} has ingress disabled, so copied messages "
@@ -83,16 +90,17 @@ class QueueSink:
         return {"to_queue": self.dest}
 
     def checkpoint_name(self, partition: int) -> str:
-        return checkpoint_name(self.source, partition, self.dest, self.range_tag)
+        return checkpoint_name(self.source_qid, partition, self.range_tag)
 
     def resume_after(self, partition: int) -> int | None:
         """The last source sequence an earlier run covered, or None."""
-        position = self.broker.checkpoint(self.checkpoint_name(partition))
+        position = self.broker.checkpoint(self.dest, self.checkpoint_name(partition))
         return None if position is None else position - 1
 
     def copied_before(self, partition: int, first: int) -> range:
-        """Sequences >= ``first`` an earlier run copied (each commit holds a batch with its
-        checkpoint, so every unacked one up to the checkpoint was copied)."""
+        """Sequences >= ``first`` an earlier run of this copy covered: each commit holds a batch
+        with its checkpoint, so every one of them that was unacked and sound then was copied
+        (``proven_copied`` keeps exactly those)."""
         done = self.resume_after(partition)
         return range(first, first if done is None else done + 1)
 
@@ -115,44 +123,61 @@ class QueueSink:
 
 
 class FileSink:
-    """Copies into a JSON Lines or msgpack file that a re-run continues."""
+    """Copies into a JSON Lines or msgpack file that a re-run continues.
 
-    def __init__(self, path: str, fmt: str, queue: str) -> None:
-        self.path, self.fmt, self.queue = path, fmt, queue
+    An existing regular file is read as a stream (never loaded whole) and continued when every
+    record in it is a copy of this very queue (same name and queue id); anything else is refused
+    unless ``overwrite``. ``path`` "-" is standard output, and a path that is not a regular file
+    (``/dev/full``, a pipe) is written as a stream: neither can be continued. A symbolic link is
+    refused: the file written is the one named."""
+
+    def __init__(self, path: str, fmt: str, config: QueueConfig, overwrite: bool = False) -> None:
+        self.path, self.fmt, self.queue, self.qid = path, fmt, config.name, config.qid
         self.last: dict[int, int] = {}        # partition -> highest seq in the file
         self.parent_seqs: list[int] = []      # parent-queue seqs in the file (for --move)
         self.records_found = 0
         self.cut_bytes = 0
+        self.overwritten = False
+        self._stream = path == "-"
         try:
-            self._file = self._open()
+            self._file = sys.stdout.buffer if self._stream else self._open(overwrite)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UserError(f"{path} is a symbolic link; copy-out writes only the file it is "
+                                f"given: pass the path the link points to") from None
             raise UserError(describe_os_error(exc, "cannot write")) from None
 
     def describe(self) -> dict:
-        return {"to_file": os.path.abspath(self.path), "format": self.fmt,
+        where = "-" if self._stream else os.path.abspath(self.path)
+        return {"to_file": where, "format": self.fmt, "overwritten": self.overwritten,
                 "records_already_in_file": self.records_found, "torn_bytes_cut": self.cut_bytes}
 
-    def _open(self):
-        created = not os.path.exists(self.path)
-        f = open(self.path, "ab" if created else "r+b")
+    def _open(self, overwrite: bool):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        f = os.fdopen(fd, "r+b")
         try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                self._stream = not stat.S_ISDIR(mode)
+                return f                  # a device or a pipe: write only, nothing to continue
             try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise UserError(f"another copy-out is writing {self.path}; wait for it to end, or "
                                 f"pass another --to-file path") from None
-            if created:
-                _fsync_dir(self.path)
-            else:
-                keep = self._scan(f.read())
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
+            size = os.fstat(fd).st_size
+            if size and overwrite:
+                f.truncate(0)
+                self.overwritten = True
+            elif size:
+                keep = self._scan(f)
                 if keep < size:
                     f.truncate(keep)
-                    f.flush()
-                    os.fsync(f.fileno())
                     self.cut_bytes = size - keep
                 f.seek(keep)
+            f.flush()
+            os.fsync(fd)
+            _fsync_dir(self.path)
         except BaseException:
             f.close()
             raise
@@ -160,8 +185,9 @@ class FileSink:
 
     def _refuse(self, where: str, why: str) -> UserError:
         return UserError(f"{self.path} is not a {self.fmt} copy-out file of queue {self.queue!r} "
-                         f"({where}: {why}); pass a new --to-file path, or the file an earlier "
-                         f"`partq copy-out {self.queue} --format {self.fmt}` wrote")
+                         f"({where}: {why}); pass a new --to-file path, --overwrite to replace "
+                         f"it, or the file an earlier `partq copy-out {self.queue} --format "
+                         f"{self.fmt}` wrote")
 
     def _check(self, rec, where: str) -> None:
         keys = JSONL_KEYS if self.fmt == "jsonl" else MSGPACK_KEYS
@@ -169,6 +195,10 @@ class FileSink:
             raise self._refuse(where, f"expected an object with keys {', '.join(keys)}")
         if rec["queue"] != self.queue:
             raise self._refuse(where, f"it holds messages of queue {rec['queue']!r}")
+        if rec["queue_id"] != self.qid:
+            raise self._refuse(where, f"it holds messages of an earlier queue named "
+                                      f"{self.queue!r} (queue id {rec['queue_id']!r}; this one is "
+                                      f"{self.qid}), deleted since")
         p, seq = rec["partition"], rec["seq"]
         if not (isinstance(p, int) and not isinstance(p, bool) and p >= 0
                 and isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
@@ -179,38 +209,53 @@ class FileSink:
             self.parent_seqs.append(seq)
         self.records_found += 1
 
-    def _scan(self, data: bytes) -> int:
-        """Check every complete record; return the length to keep (a torn tail is cut)."""
-        return self._scan_jsonl(data) if self.fmt == "jsonl" else self._scan_msgpack(data)
+    def _scan(self, f) -> int:
+        """Check every complete record, reading the file as a stream; return the length to keep
+        (a torn tail is cut)."""
+        f.seek(0)
+        return self._scan_jsonl(f) if self.fmt == "jsonl" else self._scan_msgpack(f)
 
-    def _scan_jsonl(self, data: bytes) -> int:
-        keep = data.rfind(b"\n") + 1
-        for n, line in enumerate(data[:keep].split(b"\n")[:-1], start=1):
+    def _scan_jsonl(self, f) -> int:
+        keep = 0
+        n = 0
+        for line in f:
+            if not line.endswith(b"\n"):
+                self._check_torn(line, self._record_start())
+                break
+            n += 1
             try:
                 rec = json.loads(line)
             except ValueError as exc:
                 raise self._refuse(f"line {n}", f"not JSON ({exc.__class__.__name__})") from None
             self._check(rec, f"line {n}")
-        self._check_torn(data[keep:], json.dumps({"queue": self.queue}).encode()[:-1] + b",")
+            keep += len(line)
         return keep
 
-    def _scan_msgpack(self, data: bytes) -> int:
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
-        unpacker.feed(data)
-        keep = 0
-        n = 0
-        try:
-            for rec in unpacker:
-                n += 1
-                self._check(rec, f"record {n}")
-                keep = unpacker.tell()
-        except UserError:
-            raise
-        except Exception as exc:
-            raise self._refuse(f"record {n + 1}", f"not msgpack ({exc.__class__.__name__})") from None
-        prefix = msgpack.packb({"queue": self.queue}, use_bin_type=True)[1:]
-        self._check_torn(data[keep:], bytes([0x80 | len(MSGPACK_KEYS)]) + prefix)
+    def _scan_msgpack(self, f) -> int:
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        keep = n = 0
+        while block := f.read(SCAN_BLOCK):
+            unpacker.feed(block)
+            try:
+                for rec in unpacker:
+                    n += 1
+                    self._check(rec, f"record {n}")
+                    keep = unpacker.tell()
+            except UserError:
+                raise
+            except Exception as exc:
+                raise self._refuse(f"record {n + 1}",
+                                   f"not msgpack ({exc.__class__.__name__})") from None
+        f.seek(keep)
+        self._check_torn(f.read(64), self._record_start())
         return keep
+
+    def _record_start(self) -> bytes:
+        """How every record of this queue begins in the file's format."""
+        if self.fmt == "jsonl":
+            return json.dumps({"queue": self.queue}).encode()[:-1] + b","
+        return (bytes([0x80 | len(MSGPACK_KEYS)])
+                + msgpack.packb({"queue": self.queue}, use_bin_type=True)[1:])
 
     def _check_torn(self, tail: bytes, expected_start: bytes) -> None:
         """A torn tail is cut only from a file that is evidently ours: one with complete records,
@@ -232,28 +277,52 @@ class FileSink:
     def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
         if not items:
             return 0
+        head = {"queue": self.queue, "queue_id": self.qid, "partition": partition}
         if self.fmt == "jsonl":
-            chunks = [json.dumps({"queue": self.queue, "partition": partition, "seq": seq,
-                                  "key": rec.key, "publish_time_ns": rec.publish_time_ns,
-                                  "headers": rec.headers,
+            chunks = [json.dumps({**head, "seq": seq, "key": rec.key,
+                                  "publish_time_ns": rec.publish_time_ns, "headers": rec.headers,
                                   "payload_b64": base64.b64encode(rec.payload).decode("ascii")},
                                  default=jsonable).encode() + b"\n" for seq, rec in items]
         else:
-            chunks = [msgpack.packb({"queue": self.queue, "partition": partition, "seq": seq,
-                                     "key": rec.key, "publish_time_ns": rec.publish_time_ns,
+            chunks = [msgpack.packb({**head, "seq": seq, "key": rec.key,
+                                     "publish_time_ns": rec.publish_time_ns,
                                      "headers": rec.headers, "payload": rec.payload},
                                     use_bin_type=True) for seq, rec in items]
         try:
             self._file.write(b"".join(chunks))
             self._file.flush()
-            os.fsync(self._file.fileno())
+            if not self._stream:
+                os.fsync(self._file.fileno())
         except OSError as exc:
             raise UserError(describe_os_error(exc, "cannot write")) from None
         self.last[partition] = items[-1][0]
         return len(items)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not sys.stdout.buffer:
+            try:
+                self._file.close()
+            except OSError:
+                pass     # a failed write already said why
+
+
+def proven_copied(store, config: QueueConfig, partition: int, seqs: range | list[int]):
+    """Of ``seqs`` (what an earlier run of this copy covered), those it really copied: the
+    unacked records that are sound (a corrupt one was skipped, not copied). Yields them in
+    lists, one per read snapshot."""
+    if not seqs:
+        return
+    members = seqs if isinstance(seqs, range) else set(seqs)
+    pos, end = min(seqs), max(seqs)
+    while pos <= end:
+        with store.read() as r:
+            ack = r.ack_state(config.qid, partition)
+            records = r.records(config.qid, partition, pos, min(READ_WINDOW, end - pos + 1))
+        if not records:
+            return
+        yield [seq for seq, raw in records if seq <= end and seq in members
+               and not ack.is_acked(seq) and record_fields(raw) is not None]
+        pos = records[-1][0] + 1
 
 
 def _select(partition: int) -> str:

@@ -38,25 +38,30 @@ def dumps(doc) -> str:
 class Output:
     """What a command prints, in human or JSON form. Given to commands by ``output_options``."""
 
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, err: bool = False) -> None:
         self.json = as_json
+        self.err = err          # report on stderr: stdout carries a command's data
+
+    def to_stderr(self) -> "Output":
+        """The same output on stderr (for a command that writes its data to stdout)."""
+        return Output(self.json, err=True)
 
     # machine --------------------------------------------------------------
     def doc(self, doc) -> None:
         """The command's one JSON document (or one JSON Lines record)."""
-        click.echo(dumps(doc))
+        click.echo(dumps(doc), err=self.err)
 
     line = doc  # a JSON Lines record: same text, one per call
 
     # human ----------------------------------------------------------------
     def echo(self, text: str = "") -> None:
         if not self.json:
-            click.echo(text)
+            click.echo(text, err=self.err)
 
     def table(self, headers: Sequence[str], rows: Iterable[Sequence], indent: str = "") -> None:
         if not self.json:
             for line in format_table(headers, rows):
-                click.echo(indent + line)
+                click.echo(indent + line, err=self.err)
 
     @staticmethod
     def warn(text: str) -> None:

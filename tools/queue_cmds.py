@@ -157,7 +157,7 @@ def stranded(app: App, broker, config, count: int) -> str:
     name = config.name
     text = (f"parent queue: {count} message{'s' if count != 1 else ''} left by a change of access "
             f"type; not delivered; ")
-    done = broker.checkpoint(checkpoint_name(name, PARENT, name))
+    done = broker.checkpoint(name, checkpoint_name(config.qid, PARENT))
     if done is not None:
         with app.store() as store, store.read() as r:
             if done >= r.head(config.qid, PARENT):

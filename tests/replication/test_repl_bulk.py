@@ -8,6 +8,8 @@ import random
 import time
 
 import msgpack
+
+from partq.storage.txn import queue_meta_key
 import pytest
 
 from repl_helpers import (compare_stores, free_port, meta_of, read_json, read_log,
@@ -99,7 +101,8 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     assert queues["events"]["config"]["partitions"] == 2          # scaled 2 -> 3 -> 2
     assert queues["orders"]["config"]["max_handoff_time"] == 1.5
     assert "tmp" not in queues
-    assert b"checkpoint/copy" in smeta and smeta[b"checkpoint/copy"] == pmeta[b"checkpoint/copy"]
+    key = queue_meta_key(queues["orders"]["config"]["qid"], b"checkpoint/copy")
+    assert key in smeta and smeta[key] == pmeta[key]
     state = msgpack.unpackb(queues["orders"]["state"], raw=False)
     assert {f[1] for f in state["core"]["flows"]} >= {"c1", "c2", "c3"}, state
     print(f"killed the standby at {kills} published; acked {acked}; dropped by scaling {dropped}; "

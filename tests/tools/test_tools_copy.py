@@ -35,8 +35,8 @@ def _read_jsonl(path) -> dict:
     with open(path, "rb") as f:
         for line in f:
             rec = json.loads(line)
-            assert list(rec) == ["queue", "partition", "seq", "key", "publish_time_ns", "headers",
-                                 "payload_b64"]
+            assert list(rec) == ["queue", "queue_id", "partition", "seq", "key",
+                                 "publish_time_ns", "headers", "payload_b64"]
             k = (rec["partition"], rec["seq"])
             assert k not in out, f"duplicate {k}"
             headers = rec["headers"]
@@ -175,9 +175,9 @@ def test_a_torn_first_record_is_cut_too(run, orders, tmp_path, fmt):
     ("jsonl", b"just some notes\nmore notes\n", "line 1: not JSON"),
     ("jsonl", b"my diary, no newline at all", "no complete record"),
     ("jsonl", b'{"a": 1}\n', "expected an object with keys"),
-    ("jsonl", b'{"queue": "other", "partition": 0, "seq": 0, "key": null, "publish_time_ns": 1, '
+    ("jsonl", b'{"queue": "other", "queue_id": 1, "partition": 0, "seq": 0, "key": null, "publish_time_ns": 1, '
               b'"headers": null, "payload_b64": ""}\n', "messages of queue 'other'"),
-    ("jsonl", b'{"queue": "orders", "partition": -1, "seq": 0, "key": null, "publish_time_ns": 1, '
+    ("jsonl", b'{"queue": "orders", "queue_id": 1, "partition": -1, "seq": 0, "key": null, "publish_time_ns": 1, '
               b'"headers": null, "payload_b64": ""}\n', "integers"),
     ("jsonl", msgpack.packb({"queue": "orders"}), "no complete record"),
     ("jsonl", msgpack.packb({"queue": "orders"}) + b"\n", "not JSON"),
