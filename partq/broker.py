@@ -33,6 +33,7 @@ from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.rebalancer import Rebalancer
+from partq.scaling import read_procedure
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, crashpoints
 from partq.storage.encoding import (PARENT, check_headers, decode_meta, frame_crc, pack_record_body,
@@ -261,6 +262,12 @@ class Broker:
     @property
     def path(self) -> str:
         return self._store.path
+
+    @property
+    def store(self) -> Store:
+        """The storage engine under this broker (read snapshots, raw writes): for partq's own
+        tools and for inspection; queue semantics live in the Broker's methods."""
+        return self._store
 
     @property
     def open_report(self) -> dict:
@@ -845,6 +852,7 @@ class Broker:
                         error=str(ps.error) if ps is not None and ps.error else None))
                 parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                                 if r.has_partition(config.qid, PARENT) else 0)
+                procedure = read_procedure(r, queue, config.qid)
 
             def storage_partitions(slots) -> list[int]:
                 return sorted(index[s] for s in slots if s < len(index))
@@ -856,7 +864,9 @@ class Broker:
             scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
             egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
             partitions=parts, flows=flows, delivery_owner=owner_text,
-            access_type=config.access_type, parent_depth=parent_depth)
+            access_type=config.access_type, parent_depth=parent_depth,
+            procedure=procedure.as_dict() if procedure else None,
+            warnings=[procedure.describe()] if procedure and procedure.state != "running" else [])
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -6,7 +6,7 @@ layer translates them in one place (``partq.storage.store``).
 """
 from __future__ import annotations
 
-__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly"]
+__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted"]
 
 
 class PartqError(Exception):
@@ -80,3 +80,16 @@ class BrokerClosed(PartqError):
 
 class StandbyReadOnly(PartqError):
     """A DR-standby refuses publishes and binds until it is promoted."""
+
+
+class ScalingStepFailed(PartqError):
+    """A step of the scaling procedure timed out; ingress is restored, the message says what
+    to do."""
+
+    def __init__(self, step: int, message: str) -> None:
+        self.step = step
+        super().__init__(message)
+
+
+class ScalingInterrupted(PartqError):
+    """The scaling procedure was stopped (a signal); ingress is restored."""

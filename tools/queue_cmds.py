@@ -127,7 +127,9 @@ def list_queues(app: App, out: Output) -> None:
             else:
                 row.update(partitions=st.partition_count, depth=st.depth,
                            parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
-                           flows=len(st.flows), delivery_owner=st.delivery_owner, error=None)
+                           flows=len(st.flows), delivery_owner=st.delivery_owner, error=None,
+                           warnings=st.warnings)
+                notes += st.warnings
                 if st.parent_depth and config.partitioned and not out.json:
                     notes.append(stranded(app, broker, config, st.parent_depth))
             rows.append(row)
@@ -183,6 +185,8 @@ def show(app: App, name: str, out: Output) -> None:
         st = broker.queue_status(name)
         note = (stranded(app, broker, config, st.parent_depth)
                 if st.parent_depth and config.partitioned else None)
+    for warning in st.warnings:
+        out.warn(warning)
     if out.json:
         out.doc({"config": config.to_dict(), "status": st.as_dict()})
         return
@@ -198,6 +202,10 @@ def show(app: App, name: str, out: Output) -> None:
                  "to one flow at a time, the others stand by")
     elif note:
         out.echo(f"  {note}")
+    if st.procedure is not None and st.procedure["state"] == "running":
+        p = st.procedure
+        out.echo(f"  scaling procedure to {p['to_partitions']} partitions running at step "
+                 f"{p['step']} (pid {p['pid']} on {p['host']})")
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
     out.echo()
     errors = any(p.error for p in st.partitions)

@@ -1,18 +1,25 @@
 """``partq scale``: the seed's seven-step partition-scaling procedure, printed step by step.
 
-The procedure itself is ``partq.tools.scaling``; this module prints it (lines, or one JSON object
-per step with --json).
+The procedure itself is ``partq.scaling``; this module prints it (lines, or one JSON object per
+step with --json). SIGINT, SIGTERM and SIGHUP stop it between steps or while a step waits, with
+ingress restored; a run that is killed outright leaves its record, which the next run resumes
+(or ``--abort`` undoes).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
+import threading
 import time
 
 import click
 
-from partq.tools import scaling
+from partq import scaling
 from partq.tools.common import App, confirm, pass_app, require
 from partq.tools.output import Output, output_options
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class HumanReporter(scaling.Reporter):
@@ -64,9 +71,6 @@ class JsonReporter(scaling.Reporter):
         self.out = out
         self.notes: list[str] = []
 
-    def start(self, step: int, text: str) -> None:
-        self.notes = []
-
     def note(self, step: int, text: str) -> None:
         self.notes.append(text)
 
@@ -74,11 +78,29 @@ class JsonReporter(scaling.Reporter):
         name, title = scaling.STEPS[step]
         self.out.line({"step": step, "name": name, "title": title, "status": status,
                        "seconds": round(seconds, 6), "notes": self.notes, **detail})
+        self.notes = []
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT, SIGTERM and SIGHUP set a flag the procedure checks (handlers only set flags)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @click.command()
 @click.argument("queue")
-@click.option("--partitions", "-p", type=int, required=True, help="The new partition count.")
+@click.option("--partitions", "-p", type=int, help="The new partition count.")
+@click.option("--abort", is_flag=True,
+              help="Undo a procedure that was killed: ingress back as it was, record removed.")
 @click.option("--drain-timeout", type=float, default=300.0, show_default=True,
               help="Seconds step 2 waits for consumers to drain every partition.")
 @click.option("--rebalance-timeout", type=float, default=60.0, show_default=True,
@@ -86,20 +108,38 @@ class JsonReporter(scaling.Reporter):
 @click.option("--standby-timeout", type=float, default=300.0, show_default=True,
               help="Seconds steps 3 and 6 wait for a DR-standby.")
 @click.option("--no-drain", is_flag=True,
-              help="Skip step 2: messages left in removed partitions are deleted (seed 001).")
+              help="Skip step 2: messages left in removed partitions are deleted.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_options
 @pass_app
-def scale(app: App, queue: str, partitions: int, drain_timeout: float, rebalance_timeout: float,
-          standby_timeout: float, no_drain: bool, yes: bool, out: Output) -> None:
-    """Change the partition count of QUEUE by the seed's seven steps.
+def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeout: float,
+          rebalance_timeout: float, standby_timeout: float, no_drain: bool, yes: bool,
+          out: Output) -> None:
+    """Change the partition count of QUEUE by the seven-step procedure.
 
     1 disable ingress, 2 wait until every partition is drained, 3 wait for the DR-standby,
     4 change the count (decreasing deletes the highest-numbered partitions first, with their
     messages), 5 wait for the rebalance, 6 wait for the DR-standby again, 7 enable ingress.
-    A step that times out re-enables ingress and ends with exit status 1. An exclusive
-    (non-partitioned) queue is refused: make it non-exclusive first.
+
+    A step that times out, Ctrl-C, SIGTERM or SIGHUP restore ingress and end with exit status
+    1. A procedure killed outright (SIGKILL, a crash) is recorded in the store: `partq queue
+    show` warns about it, the same command run again resumes it, and --abort undoes it. An
+    exclusive (non-partitioned) queue is refused: make it non-exclusive first.
     """
+    if abort:
+        if partitions is not None:
+            raise click.UsageError("pass either --partitions N or --abort, not both")
+        with app.broker() as broker:
+            undone = scaling.abort(broker, queue)
+            ingress = broker.queue_config(queue).ingress_enabled
+        if out.json:
+            out.doc({"queue": queue, "aborted": undone.as_dict(), "ingress_enabled": ingress})
+        else:
+            out.echo(f"undid the scaling of queue {queue!r} to {undone.to_partitions} partitions "
+                     f"(stopped at step {undone.step}); ingress is {'on' if ingress else 'off'}")
+        return
+    if partitions is None:
+        raise click.UsageError("pass --partitions N (or --abort)")
     for name, value in (("--drain-timeout", drain_timeout), ("--rebalance-timeout", rebalance_timeout),
                         ("--standby-timeout", standby_timeout)):
         require(value >= 0, f"{name} must be a number of seconds >= 0")
@@ -107,7 +147,8 @@ def scale(app: App, queue: str, partitions: int, drain_timeout: float, rebalance
         config = broker.queue_config(queue)
         scaling.check_scalable(config)                       # exclusive: nothing to scale
         dataclasses.replace(config, partitions=partitions)  # validates the count (InvalidConfig)
-        if partitions == config.partitions and config.scaling_status == "Ready":
+        earlier = scaling.procedure_of(broker, queue)
+        if partitions == config.partitions and config.scaling_status == "Ready" and earlier is None:
             if out.json:
                 out.line({"queue": queue, "from": partitions, "to": partitions, "changed": False})
             else:
@@ -115,12 +156,18 @@ def scale(app: App, queue: str, partitions: int, drain_timeout: float, rebalance
             return
         loss = (f", and messages left in partitions {partitions} to {config.partitions - 1} are "
                 f"deleted" if partitions < config.partitions and no_drain else "")
-        confirm(yes, f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
-                     f"Its ingress is disabled until the procedure ends{loss}.",
-                f"pass --yes to scale queue {queue!r}")
+        if earlier is not None and earlier.to_partitions == partitions:
+            question = f"Resume the interrupted scaling of queue {queue!r} to {partitions} partitions?"
+        else:
+            question = (f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
+                        f"Its ingress is disabled until the procedure ends"
+                        f"{loss}; meanwhile {scaling.describe_ingress_off(config)}.")
+        confirm(yes, question, f"pass --yes to scale queue {queue!r}")
         reporter = JsonReporter(out) if out.json else HumanReporter(out)
-        summary = scaling.run(broker, queue, partitions, drain=not no_drain,
-                              drain_timeout=drain_timeout, rebalance_timeout=rebalance_timeout,
-                              standby_timeout=standby_timeout, reporter=reporter)
+        with stop_on_signals() as stop:
+            summary = scaling.run(broker, queue, partitions, drain=not no_drain,
+                                  drain_timeout=drain_timeout, rebalance_timeout=rebalance_timeout,
+                                  standby_timeout=standby_timeout, reporter=reporter,
+                                  stop=stop.is_set)
     out.echo(f"queue {queue!r} scaled from {summary['from']} to {summary['to']} partitions in "
              f"{summary['seconds']:.3f} s")

@@ -59,7 +59,9 @@ def stats(app: App, queue: str | None, out: Output) -> None:
                 row.update(partitions=st.partition_count, depth=st.depth,
                            parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                            flows=len(st.flows), active_flows=sum(1 for f in st.flows if f.active),
-                           delivery_owner=st.delivery_owner, error=None)
+                           delivery_owner=st.delivery_owner, error=None,
+                           warnings=st.warnings)
+                notes += st.warnings
                 if st.parent_depth and config.partitioned and not out.json:
                     notes.append(stranded(app, broker, config, st.parent_depth))
             queues.append(row)

@@ -17,7 +17,8 @@ import pytest
 import partq
 from partq import PARENT
 from partq.storage.encoding import partition_key
-from partq.tools import common, scaling
+from partq import scaling
+from partq.tools import common
 
 from tools_helpers import (json_lines, ok, run_script, script_user_error, usage_error,
                            user_error)
@@ -315,7 +316,7 @@ def test_scale_refuses_an_exclusive_queue_before_touching_ingress(run, broker):
         user_error(result, "queue 'q' is exclusive", "partq queue update q --access-type "
                    "non-exclusive")
         assert result.stdout == ""                  # no step started
-    with pytest.raises(common.UserError, match="is exclusive"):   # the procedure itself too
+    with pytest.raises(partq.InvalidConfig, match="is exclusive"):   # the procedure itself too
         scaling.run(broker, "q", 4, drain=False, drain_timeout=0, rebalance_timeout=0,
                     standby_timeout=0, reporter=scaling.Reporter())
     config = broker.queue_config("q")

@@ -7,19 +7,29 @@
     4 change the partition count
 
 ``run`` drives the steps and reports each through a ``Reporter`` (the CLI prints lines or JSON).
-A step that times out (or any failure after step 1) re-enables ingress before the error goes
-up, so a failed procedure never leaves the queue refusing publishes.
+
+The procedure is recorded in the store (``procedure_of``): which queue, from and to which count,
+the step it is at, who runs it, and whether ingress was on before step 1. So a procedure that
+dies (SIGKILL, a crash, a lost terminal) leaves a record that ``queue_status`` reports, and a
+re-run with the same target resumes it (ingress goes back to what it was before the *first*
+run), while ``abort`` undoes it. Any failure or interruption it can see (a step that times out,
+``stop()`` turning true, an exception) restores ingress and removes the record before the error
+goes up, so a failed procedure never leaves the queue refusing publishes.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
+from dataclasses import dataclass
 from typing import Callable
 
-from partq.broker import Broker
+import msgpack
+
 from partq.config import QueueConfig
+from partq.errors import InvalidConfig, PartqError, ScalingInterrupted, ScalingStepFailed
 from partq.status import QueueStatus
-from partq.tools.common import UserError
 
 STEPS = {
     1: ("disable-ingress", "Disable ingress"),
@@ -33,10 +43,85 @@ STEPS = {
 POLL = 0.05
 
 
-class StepFailed(UserError):
-    def __init__(self, step: int, message: str) -> None:
-        self.step = step
-        super().__init__(message)
+StepFailed = ScalingStepFailed
+PROCEDURE = b"procedure"      # the queue meta value recording a procedure in progress
+
+
+@dataclass(frozen=True)
+class Procedure:
+    """A scaling procedure recorded in the store. ``state`` (derived when read): "running"
+    while its process lives, "interrupted" once it is gone."""
+    queue: str
+    from_partitions: int
+    to_partitions: int
+    step: int
+    ingress_before: bool
+    pid: int
+    host: str
+    started_ns: int
+    state: str = "running"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One sentence for a warning, with what to do."""
+        who = f"pid {self.pid} on {self.host} since {_iso(self.started_ns)}"
+        name = STEPS.get(self.step, ("?", "?"))[0]
+        text = (f"scaling of queue {self.queue!r} from {self.from_partitions} to "
+                f"{self.to_partitions} partitions is {self.state.upper()} at step {self.step} "
+                f"({name}; {who})")
+        if self.state == "running":
+            return text
+        ingress = ("ingress is OFF: publishes are refused or discarded" if self.step < 7 or
+                   not self.ingress_before else "ingress may still be off")
+        return (f"{text}; {ingress}; finish it with `partq scale {self.queue} --partitions "
+                f"{self.to_partitions}`, or undo it with `partq scale {self.queue} --abort`")
+
+
+def procedure_of(broker, queue: str) -> Procedure | None:
+    """The scaling procedure recorded for ``queue``, or None."""
+    qid = broker.queue_config(queue).qid
+    with broker.store.read() as r:
+        return read_procedure(r, queue, qid)
+
+
+def read_procedure(reader, queue: str, qid: int) -> Procedure | None:
+    """The scaling procedure recorded for queue ``queue`` (id ``qid``) in a read snapshot."""
+    raw = reader.queue_meta(qid, PROCEDURE)
+    return None if raw is None else _decode(queue, raw)
+
+
+def _decode(queue: str, raw: bytes) -> Procedure:
+    d = msgpack.unpackb(raw, raw=False)
+    proc = Procedure(queue=queue, **d)
+    alive = proc.host != socket.gethostname() or _alive(proc.pid)
+    return dataclasses.replace(proc, state="running" if alive else "interrupted")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _record(broker, config: QueueConfig, proc: Procedure | None) -> None:
+    value = None
+    if proc is not None:
+        d = proc.as_dict()
+        for k in ("queue", "state"):
+            del d[k]
+        value = msgpack.packb(d)
+    qid = config.qid
+    broker.store.write(lambda w: w.put_queue_meta(qid, PROCEDURE, value))
+
+
+def _iso(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
 class Reporter:
@@ -49,7 +134,7 @@ class Reporter:
     def drain(self, depth: int, initial: int) -> None: ...
 
 
-def replication_status(broker: Broker):
+def replication_status(broker):
     """The broker's DR replication status, or None where replication is not available."""
     getter = getattr(broker, "replication_status", None)
     if getter is None:
@@ -60,7 +145,7 @@ def replication_status(broker: Broker):
         return None
 
 
-def wait_for_standby(broker: Broker, queue: str, phase: str, timeout: float, *,
+def wait_for_standby(broker, queue: str, phase: str, timeout: float, *,
                      clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep) -> dict:
     """Steps 3 and 6: the hook for DR replication (S27).
@@ -129,29 +214,71 @@ def check_scalable(config: QueueConfig) -> None:
     """An exclusive queue has no partitions to scale (its operating count is 0): refuse before
     anything changes, ingress included."""
     if not config.partitioned:
-        raise UserError(f"queue {config.name!r} is exclusive (non-partitioned), so it has no "
+        raise InvalidConfig(f"queue {config.name!r} is exclusive (non-partitioned), so it has no "
                         f"partitions to scale; make it non-exclusive first with `partq queue "
                         f"update {config.name} --access-type non-exclusive`, then scale it")
 
 
-def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
+def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
         rebalance_timeout: float, standby_timeout: float, reporter: Reporter,
+        stop: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Scale ``queue`` to ``target`` partitions by the seed's seven steps. Returns a summary."""
+    """Scale ``queue`` to ``target`` partitions by the seed's seven steps. Returns a summary.
+
+    ``stop()`` is checked between steps and while a step waits; when it turns true the
+    procedure ends with ``ScalingInterrupted``, ingress restored. A procedure recorded for the
+    queue by a run that died is resumed when ``target`` is its target (from step 5 when the
+    count has changed already), and replaced otherwise; either way ingress ends as it was before
+    the first run's step 1."""
     config = broker.queue_config(queue)
     check_scalable(config)
     dataclasses.replace(config, partitions=target)   # InvalidConfig before anything changes
-    old = config.partitions
+    earlier = procedure_of(broker, queue)
+    if earlier is not None and earlier.state == "running" and earlier.pid != os.getpid():
+        raise InvalidConfig(f"{earlier.describe()}; wait for it to end, or stop that process")
+    resumed = earlier is not None and earlier.to_partitions == target
+    old = earlier.from_partitions if resumed else config.partitions
+    ingress_before = earlier.ingress_before if earlier is not None else config.ingress_enabled
+    first_step = 5 if (resumed and earlier.step >= 4 and config.partitions == target
+                       and config.scaling_status == "Ready") else 1
+    proc = Procedure(queue, old, target, first_step, ingress_before, os.getpid(),
+                     socket.gethostname(), time.time_ns())
+    _record(broker, config, proc)
+    if resumed:
+        reporter.note(first_step, f"resuming the procedure interrupted at step {earlier.step} "
+                                  f"(started by pid {earlier.pid} on {earlier.host})")
+    elif earlier is not None:
+        reporter.note(1, f"replacing the interrupted procedure to {earlier.to_partitions} "
+                         f"partitions (stopped at step {earlier.step})")
     t_all = clock()
 
+    def check_stop(n: int) -> None:
+        if stop():
+            raise ScalingInterrupted(
+                f"scaling of queue {queue!r} to {target} partitions was interrupted at step {n} "
+                f"({STEPS[n][0]}); ingress is {'on' if ingress_before else 'off'} again as before"
+                f" and the partition count is {broker.queue_config(queue).partitions}: run the "
+                f"same command again to scale")
+
+    def wait(n: int) -> None:
+        check_stop(n)
+        sleep(POLL)
+
     def step(n: int, body: Callable[[], tuple[str, dict]]) -> dict:
+        nonlocal proc
+        check_stop(n)
+        proc = dataclasses.replace(proc, step=n)
+        _record(broker, config, proc)
         reporter.start(n, STEPS[n][1])
         t0 = clock()
         try:
             status, detail = body()
-        except StepFailed as exc:
-            reporter.done(n, "timeout", clock() - t0, {"error": exc.message})
+        except ScalingStepFailed as exc:
+            reporter.done(n, "timeout", clock() - t0, {"error": str(exc)})
+            raise
+        except ScalingInterrupted as exc:
+            reporter.done(n, "interrupted", clock() - t0, {"error": str(exc)})
             raise
         except Exception as exc:
             reporter.done(n, "failed", clock() - t0, {"error": " ".join(str(exc).split())})
@@ -161,14 +288,8 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
 
     def disable() -> tuple[str, dict]:
         broker.update_queue(queue, ingress_enabled=False)
-        if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
-            effect = "rejected"
-            reporter.note(1, "publishes are rejected with IngressDisabled until step 7")
-        else:
-            effect = "discarded"
-            reporter.note(1, f"publishes are DISCARDED (counted) until step 7; to have them "
-                             f"rejected instead: `partq queue update {queue} "
-                             f"--reject-when-shutdown on`")
+        effect = publishes_while_ingress_off(config)
+        reporter.note(1, describe_ingress_off(config))
         return "done", {"ingress_enabled": False, "publishes": effect}
 
     def drained() -> tuple[str, dict]:
@@ -196,13 +317,14 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
                                     f"drain {queue!r} and run scale again, raise --drain-timeout, "
                                     f"or pass --no-drain to accept losing messages in removed "
                                     f"partitions")
-            sleep(POLL)
+            wait(2)
             st = broker.queue_status(queue)
         reporter.drain(0, initial)
         return "done", {"drained": initial}
 
     def standby(phase: str, n: int) -> tuple[str, dict]:
-        detail = wait_for_standby(broker, queue, phase, standby_timeout, clock=clock, sleep=sleep)
+        detail = wait_for_standby(broker, queue, phase, standby_timeout, clock=clock,
+                                  sleep=lambda s: wait(n))
         if detail.get("note"):
             reporter.note(n, detail["note"])
         return ("skipped" if not detail.get("waited") else "done"), detail
@@ -235,24 +357,68 @@ def run(broker: Broker, queue: str, target: int, *, drain: bool, drain_timeout: 
                                     f"({why}); the queue already has {target} partitions and "
                                     f"ingress is enabled again: check its consumers with `partq "
                                     f"queue show {queue}`, or raise --rebalance-timeout")
-            sleep(POLL)
+            wait(5)
 
     def enable() -> tuple[str, dict]:
-        broker.update_queue(queue, ingress_enabled=True)
-        return "done", {"ingress_enabled": True}
+        _restore(broker, config, ingress_before)
+        if not ingress_before:
+            reporter.note(7, "ingress was off before the procedure: left off")
+        return "done", {"ingress_enabled": ingress_before}
 
-    step(1, disable)
     try:
-        step(2, drained)
-        step(3, lambda: standby("drained", 3))
-        step(4, change)
+        if first_step == 1:
+            step(1, disable)
+            step(2, drained)
+            step(3, lambda: standby("drained", 3))
+            step(4, change)
         step(5, rebalanced)
         step(6, lambda: standby("scaled", 6))
+        step(7, enable)
     except BaseException:
         try:
-            broker.update_queue(queue, ingress_enabled=True)
+            _restore(broker, config, ingress_before)
         except Exception:
-            pass  # the original error says more; ingress state is visible in `queue show`
+            pass  # the original error says more; the record stays and `queue show` warns
         raise
-    step(7, enable)
-    return {"queue": queue, "from": old, "to": target, "seconds": round(clock() - t_all, 6)}
+    return {"queue": queue, "from": old, "to": target, "seconds": round(clock() - t_all, 6),
+            "resumed": resumed}
+
+
+def abort(broker, queue: str) -> Procedure:
+    """Undo the scaling procedure recorded for ``queue`` by a run that died: ingress goes back
+    to what it was before its step 1 and the record goes. A partition count it changed already
+    stays changed (scale again to change it back). Returns the procedure undone."""
+    config = broker.queue_config(queue)
+    proc = procedure_of(broker, queue)
+    if proc is None:
+        raise InvalidConfig(f"no scaling procedure is recorded for queue {queue!r}; nothing to "
+                            f"undo")
+    if proc.state == "running" and proc.pid != os.getpid():
+        raise InvalidConfig(f"{proc.describe()}; stop that process (SIGTERM or Ctrl-C ends it "
+                            f"cleanly) instead of undoing it")
+    _restore(broker, config, proc.ingress_before)
+    return proc
+
+
+def _restore(broker, config: QueueConfig, ingress: bool) -> None:
+    """Put ingress back as it was before the procedure, then forget the procedure."""
+    if broker.queue_config(config.name).ingress_enabled != ingress:
+        broker.update_queue(config.name, ingress_enabled=ingress)
+    _record(broker, config, None)
+
+
+def publishes_while_ingress_off(config: QueueConfig) -> str:
+    """"rejected" or "discarded": what the queue does with a publish while ingress is off."""
+    if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
+        return "rejected"
+    return "discarded"
+
+
+def describe_ingress_off(config: QueueConfig) -> str:
+    """What publishers see while the procedure has ingress off, and how to change it."""
+    if publishes_while_ingress_off(config) == "rejected":
+        return "publishes are rejected with IngressDisabled until step 7"
+    options = ("--reject-when-shutdown on" if config.reject_msg_to_sender
+               else "--reject-msg-to-sender on --reject-when-shutdown on")
+    return (f"publishes are DISCARDED (counted, and lost) until step 7; to have publishers get "
+            f"an error instead, run `partq queue update {config.name} {options}` first")
