@@ -7,22 +7,53 @@
         flow = broker.bind("orders", name="svc-a")
         for msg in flow.receive(max_messages=100, timeout=1.0):
             flow.ack(msg)
+
+The names below load on first use, so that ``import partq.storage`` (the storage engine, which
+stands alone) does not load the broker.
 """
-from partq import errors as _errors
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from partq.errors import *  # noqa: F401,F403  (the typed errors are part of the public API)
-from partq.broker import Broker
-from partq.clock import ManualClock, SystemClock
-from partq.config import QueueConfig
-from partq.delivery import InvalidAck
-from partq.flow import Flow
-from partq.hashing import key_partition
-from partq.message import FlowChangeUpdate, Message, PublishResult
-from partq.pending import Pending
-from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.storage.encoding import PARENT
+from partq.errors import __all__ as _error_names
 
 __version__ = "0.1.0"
 
-__all__ = ["Broker", "Flow", "FlowChangeUpdate", "FlowStatus", "InvalidAck", "ManualClock",
-           "Message", "PARENT", "PartitionStatus", "Pending", "PublishResult", "QueueConfig", "QueueStatus",
-           "SystemClock", "key_partition", *_errors.__all__]
+_LAZY = {
+    "Broker": "partq.broker", "Flow": "partq.flow", "InvalidAck": "partq.delivery",
+    "ManualClock": "partq.clock", "SystemClock": "partq.clock", "QueueConfig": "partq.config",
+    "key_partition": "partq.hashing", "FlowChangeUpdate": "partq.message",
+    "Message": "partq.message", "PublishResult": "partq.message", "Pending": "partq.pending",
+    "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
+    "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
+}
+
+__all__ = sorted([*_LAZY, *_error_names])
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'partq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+if TYPE_CHECKING:
+    from partq.broker import Broker
+    from partq.clock import ManualClock, SystemClock
+    from partq.config import QueueConfig
+    from partq.delivery import InvalidAck
+    from partq.flow import Flow
+    from partq.hashing import key_partition
+    from partq.message import FlowChangeUpdate, Message, PublishResult
+    from partq.pending import Pending
+    from partq.status import FlowStatus, PartitionStatus, QueueStatus
+    from partq.storage.encoding import PARENT

@@ -33,6 +33,7 @@ from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.rebalancer import Rebalancer
+from partq.replication import ReplicationServer, StandbyFollower, stored_slots_status
 from partq.scaling import read_procedure
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage import Store, crashpoints
@@ -143,7 +144,7 @@ class Broker:
         self._data_cond = threading.Condition()
         self._data_gen = 0
         self._closed = False
-        store._writer.add_listener(self._wake_receivers)
+        store.on_commit(lambda appended: self._wake_receivers())
         _open_brokers.add(self)
         self._ticker = None
         if auto_tick:
@@ -186,21 +187,19 @@ class Broker:
             with store.read() as r:
                 broker._standby = r.meta(b"role") == b"standby"
             if standby_of:
-                from partq.replication import StandbyFollower
                 if not broker._standby:
                     if broker.queues():
                         raise InvalidConfig(f"{broker.path} already holds queues; a DR-standby must "
                                             f"start from a new directory")
                     store.write(lambda w: w.put_local_meta(b"role", b"standby"))
                     broker._standby = True
-                broker._follower = StandbyFollower(broker, standby_of)
+                broker._follower = StandbyFollower(store, standby_of)
             elif not broker._standby:
                 for config in broker.queues():
                     if config.scaling_status != "Ready":
                         broker._finish_scaling(config.name)
                 if replication_listen:
-                    from partq.replication import ReplicationServer
-                    broker._replication = ReplicationServer(broker, replication_listen,
+                    broker._replication = ReplicationServer(store, replication_listen,
                                                             replication_mode, sync_timeout)
         except BaseException:
             broker.close()
@@ -219,7 +218,6 @@ class Broker:
             return self._follower.status()
         if self._replication is not None:
             return self._replication.status()
-        from partq.replication import stored_slots_status
         return stored_slots_status(self._store, "standby" if self._standby else "primary")
 
     def promote(self, replication_listen: str | None = None, replication_mode: str = "async",
@@ -245,19 +243,8 @@ class Broker:
         self._store.write(op)
         self._standby = False
         if replication_listen:
-            from partq.replication import ReplicationServer
-            self._replication = ReplicationServer(self, replication_listen, replication_mode,
+            self._replication = ReplicationServer(self._store, replication_listen, replication_mode,
                                                   sync_timeout)
-
-    def _install_snapshot(self, snapshot_dir: str, lsn: int) -> None:
-        """Standby: load a snapshot received from the primary. It is copied into the live store
-        in one transaction (readers never see a closed or half-loaded store, and a crash leaves
-        the previous state), together with this standby's own meta keys."""
-        with self._store.read() as r:
-            standby_id = r.meta(b"standby_id")
-        self._store.install_snapshot(snapshot_dir, {
-            b"slots": None, b"role": b"standby", b"applied_lsn": pack_u64(lsn),
-            b"standby_id": standby_id})
 
     @property
     def path(self) -> str:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import crc32c
 import msgpack
 
-from partq.errors import CorruptRecord, CorruptStore
+from partq.storage.errors import PARENT, CorruptRecord, CorruptStore
 
 FORMAT_VERSION = 2
 CHUNK_RECORDS = 512          # records per chunk at most
@@ -43,9 +43,9 @@ _PART_KEY = struct.Struct(">II")
 _CRC = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
-# The log of a queue's parent queue: where messages of a non-partitioned (exclusive) queue live.
-# It shares the queue's key space with partitions 0..N-1 and outlives changes of access type.
-PARENT = 0xFFFFFFFF
+# The log of a queue's parent queue (``PARENT``, from ``errors``, which names it in messages):
+# where messages of a non-partitioned (exclusive) queue live. It shares the queue's key space with
+# partitions 0..N-1 and outlives changes of access type.
 
 log_key = _LOG_KEY.pack
 partition_key = _PART_KEY.pack

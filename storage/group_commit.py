@@ -25,7 +25,7 @@ from typing import Callable
 
 import lmdb
 
-from partq.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
+from partq.storage.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
 from partq.storage import crashpoints
 from partq.storage.txn import Writer
 
@@ -45,7 +45,7 @@ class Pending:
         self._done.acquire()
         self._value = self._error = None
 
-    def _resolve(self, value=None, error: BaseException | None = None) -> None:
+    def resolve(self, value=None, error: BaseException | None = None) -> None:
         self._value, self._error = value, error
         self._done.release()
 
@@ -68,7 +68,7 @@ class GroupCommitWriter:
         self._pending: deque[Pending] = deque()
         self._cond = threading.Condition()
         self._stopping = False
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[int], None]] = []
         self.commits = 0          # counters for stats and benchmarks
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
@@ -77,9 +77,14 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
 
-    def add_listener(self, fn: Callable[[], None]) -> None:
-        """Call ``fn()`` in the writer thread after every commit (must be quick, must not write)."""
+    def add_listener(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(appended)`` in the writer thread after every commit (must be quick, must not
+        write); ``appended`` is how many records the commit appended."""
         self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[int], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     def submit(self, op: Callable[[Writer], object]) -> Pending:
         pending = Pending(op)
@@ -116,12 +121,12 @@ class GroupCommitWriter:
             results = self._run_batch(batch)
         except BaseException as exc:  # noqa: BLE001 - every failure reaches its caller
             if len(batch) == 1:
-                batch[0]._resolve(error=_translate(exc, self._store.path))
+                batch[0].resolve(error=_translate(exc, self._store.path))
             else:
                 for item in batch:
                     self._commit([item])
             return
-        results, lsn, replicated = results
+        results, lsn, replicated, appended = results
         if crashpoints.ENABLED:
             crashpoints.hit("after_commit_before_return")
         self.commits += 1
@@ -134,16 +139,17 @@ class GroupCommitWriter:
             if wrote and gate is not None:
                 held.append((pending, result))
             else:
-                pending._resolve(result)
+                pending.resolve(result)
         if held:
             gate.hold(lsn, [p for p, _ in held], [r for _, r in held])
         for fn in self._listeners:
-            fn()
+            fn(appended)
 
-    def _run_batch(self, batch) -> tuple[list, int, list[bool]]:
+    def _run_batch(self, batch) -> tuple[list, int, list[bool], int]:
         """Run the batch in one transaction; return the results, the commit's LSN (0 when no
-        standby slot exists, so nothing went to the change log) and, per operation, whether it
-        wrote replicated changes (only those wait for a sync-mode standby)."""
+        standby slot exists, so nothing went to the change log), per operation whether it
+        wrote replicated changes (only those wait for a sync-mode standby), and how many
+        records it appended."""
         store = self._store
         gate = store._gate
         meta = store.dbs["meta"]
@@ -160,7 +166,7 @@ class GroupCommitWriter:
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()
-                    return results, lsn, replicated
+                    return results, lsn, replicated, writer.appended
                 except BaseException:
                     txn.abort()
                     raise

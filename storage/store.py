@@ -18,9 +18,9 @@ from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
-from partq.errors import (CorruptStore, FormatVersionMismatch, InvalidConfig, NotAPartqStore,
+from partq.storage.errors import (BrokerClosed, CorruptStore, FormatVersionMismatch, InvalidConfig, NotAPartqStore,
                           StorageFull, UsedAcrossFork)
-from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
+from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION, unpack_u64
 from partq.storage.txn import DB_NAMES, Reader, Writer
 
 T = TypeVar("T")
@@ -29,6 +29,7 @@ DURABILITY_MODES = ("sync", "async")
 DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
+RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
 _PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}   # what partq itself puts in a store directory
 
 _registry: dict[str, "Store"] = {}
@@ -144,18 +145,32 @@ class Store:
             return store
 
     def _open_env(self, map_size: int) -> lmdb.Environment:
-        try:
-            env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2, subdir=True,
-                            sync=self.durability == "sync", metasync=True, max_readers=1024,
-                            lock=True, create=True)
-        except lmdb.Error as exc:
-            if "already open in this process" in str(exc):
-                raise InvalidConfig(f"{self.path} is already open in this process through another "
-                                    f"path or link; open it once and share the Broker") from None
-            if not isinstance(exc, lmdb.InvalidError):
-                raise CorruptStore(f"cannot open {self.path}: {exc}") from None
-            raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
-                               f"partq's); restore it from a DR-standby or backup") from None
+        for attempt in range(RESIZE_RETRIES):
+            try:
+                env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
+                                subdir=True, sync=self.durability == "sync", metasync=True,
+                                max_readers=1024, lock=True, create=True)
+                break
+            except lmdb.MapResizedError:
+                # another process grew the map between LMDB's open and its first transaction
+                # (py-lmdb begins one inside open): open again, which adopts the new size
+                if attempt == RESIZE_RETRIES - 1:
+                    raise CorruptStore(f"cannot open {self.path}: another process keeps growing "
+                                       f"its map; retry") from None
+            except lmdb.Error as exc:
+                self._refuse_open(exc)
+        return self._check_env(env)
+
+    def _refuse_open(self, exc: lmdb.Error):
+        if "already open in this process" in str(exc):
+            raise InvalidConfig(f"{self.path} is already open in this process through another "
+                                f"path or link; open it once and share the Broker") from None
+        if not isinstance(exc, lmdb.InvalidError):
+            raise CorruptStore(f"cannot open {self.path}: {exc}") from None
+        raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
+                           f"partq's); restore it from a DR-standby or backup") from None
+
+    def _check_env(self, env: lmdb.Environment) -> lmdb.Environment:
         info, psize = env.info(), env.stat()["psize"]
         needed = (info["last_pgno"] + 1) * psize
         size = os.path.getsize(os.path.join(self.path, "data.mdb"))
@@ -231,18 +246,19 @@ class Store:
             self._gate.leave()
 
     def _begin(self, write: bool) -> lmdb.Transaction:
-        """Begin a transaction; adopt a map size grown by another process if LMDB asks. Caller
-        holds the gate shared."""
-        try:
-            return self.env.begin(write=write)
-        except lmdb.MapResizedError:
-            self._gate.leave()
+        """Begin a transaction; adopt a map size grown by another process if LMDB asks (again,
+        if it grew again meanwhile). Caller holds the gate shared."""
+        for _ in range(RESIZE_RETRIES):
             try:
-                with self._gate.exclusive():
-                    self.env.set_mapsize(0)
-            finally:
-                self._gate.enter()
-            return self.env.begin(write=write)
+                return self.env.begin(write=write)
+            except lmdb.MapResizedError:
+                self._gate.leave()
+                try:
+                    with self._gate.exclusive():
+                        self.env.set_mapsize(0)
+                finally:
+                    self._gate.enter()
+        return self.env.begin(write=write)
 
     # ------------------------------------------------------------------ writing
     def submit(self, op: Callable[[Writer], T]):
@@ -289,6 +305,60 @@ class Store:
         finally:
             env.close()
 
+    def snapshot(self, directory: str) -> int:
+        """Write a compact copy of the whole environment into ``directory`` (empty, existing),
+        taken from one read transaction while writers go on; return the LSN it holds (a
+        DR-standby continues from there)."""
+        self._check_usable()
+        self._gate.enter()
+        try:
+            with self._begin(write=False) as txn:
+                raw = txn.get(b"lsn", db=self.dbs["meta"])
+                self.env.copy(directory, compact=True, txn=txn)
+        except lmdb.Error as exc:
+            raise CorruptStore(f"snapshot of {self.path} failed: {exc}") from None
+        finally:
+            self._gate.leave()
+        return 0 if raw is None else unpack_u64(raw)
+
+    def on_commit(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(appended)`` in the writer thread after every commit of this process, with
+        the number of records it appended. It must be quick and must not write."""
+        self._writer.add_listener(fn)
+
+    def remove_commit_hook(self, fn: Callable[[int], None]) -> None:
+        self._writer.remove_listener(fn)
+
+    def set_sync_gate(self, gate) -> None:
+        """Hold the callers of commits that wrote replicated changes in ``gate`` (its
+        ``hold(lsn, pendings, results)`` resolves them later) instead of resolving them at
+        once; None resolves at once again."""
+        self._writer.sync_gate = gate
+
+    @property
+    def last_lsn(self) -> int:
+        """LSN of the newest commit of this process that wrote the change log (0: none yet)."""
+        return self._writer.last_lsn
+
+    def version(self) -> int:
+        """A number that changes with every commit of any process (LMDB's last transaction
+        id): compare two readings to know, cheaply, whether anything was written between."""
+        return self.env.info()["last_txnid"]
+
+    def usage(self) -> dict:
+        """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file
+        ever used: LMDB reuses freed pages, the file never shrinks), ``live`` (bytes of pages the
+        data needs now), ``map_size``, and the reader slots in use."""
+        self._check_usable()
+        info, psize = self.env.info(), self.env.stat()["psize"]
+        with self.read() as r:
+            pages = 4 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+                            for st in (r.db_stat(name) for name in DB_NAMES))
+        return {"file_size": os.path.getsize(os.path.join(self.path, "data.mdb")),
+                "high_water": (info["last_pgno"] + 1) * psize, "live": pages * psize,
+                "map_size": info["map_size"], "readers": info["num_readers"],
+                "max_readers": info["max_readers"]}
+
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
         commit does not run the write, hit MapFull, grow and run it all again."""
@@ -315,7 +385,6 @@ class Store:
         if self._pid != os.getpid():
             raise UsedAcrossFork(_fork_message(self.path, self._pid))
         if self._closed:
-            from partq.errors import BrokerClosed
             raise BrokerClosed(f"the store at {self.path} is closed; open it again")
 
     def _flush_loop(self) -> None:

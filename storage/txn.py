@@ -30,7 +30,7 @@ from typing import Iterable
 
 import msgpack
 
-from partq.errors import StorageFull
+from partq.storage.errors import Diverged, StorageFull
 from partq.storage import crashpoints
 from partq.storage.encoding import (AckState, chunk_length, chunks, decode_meta,
                                     encode_meta, log_key, pack_u64, partition_key, unpack_chunk,
@@ -82,10 +82,50 @@ class Reader:
         (a new queue id) never sees it."""
         return self._txn.get(queue_meta_key(qid, name), db=self._dbs["meta"])
 
+    def db_stat(self, name: str) -> dict:
+        """LMDB's page counts of one database (for ``Store.usage``)."""
+        return self._txn.stat(self._dbs[name])
+
+    # change log --------------------------------------------------------------
+    def first_change_lsn(self) -> int | None:
+        """The oldest LSN still in the change log, or None when it is empty."""
+        cur = self._txn.cursor(db=self._dbs["changes"])
+        return unpack_u64(cur.key()) if cur.first() else None
+
+    def change(self, lsn: int) -> bytes | None:
+        """The change-log entry of ``lsn`` (``decode_change`` reads it), if still kept."""
+        return self._txn.get(pack_u64(lsn), db=self._dbs["changes"])
+
+    def changes_after(self, lsn: int, max_entries: int, max_bytes: int) -> list[bytes]:
+        """Change-log entries with LSN > ``lsn``, in order, at most ``max_entries`` of them and
+        stopping once their sizes pass ``max_bytes`` (at least one entry is returned)."""
+        cur = self._txn.cursor(db=self._dbs["changes"])
+        out: list[bytes] = []
+        size = 0
+        if cur.set_range(pack_u64(lsn + 1)):
+            for _, value in cur:
+                out.append(value)
+                size += len(value)
+                if len(out) >= max_entries or size > max_bytes:
+                    break
+        return out
+
     # partitions --------------------------------------------------------------
     def head(self, qid: int, partition: int) -> int:
         raw = self._txn.get(partition_key(qid, partition), db=self._dbs["heads"])
         return 0 if raw is None else unpack_u64(raw)
+
+    def partitions(self, qid: int) -> list[int]:
+        """Every partition of queue id ``qid`` that exists (the parent log, ``PARENT``, last)."""
+        prefix = _QID.pack(qid)
+        cur = self._txn.cursor(db=self._dbs["acks"])
+        out: list[int] = []
+        if cur.set_range(prefix):
+            for k in cur.iternext(values=False):
+                if not k.startswith(prefix):
+                    break
+                out.append(int.from_bytes(k[4:8], "big"))
+        return out
 
     def has_partition(self, qid: int, partition: int) -> bool:
         """Whether the partition exists (was created and not dropped since)."""
@@ -393,6 +433,42 @@ class Writer(Reader):
         self._txn.delete(partition_key(qid, partition), db=self._dbs["acks"])
         self._change("drop_partition", qid, partition)
         return n
+
+
+    # replication -------------------------------------------------------------
+    def trim_changes(self, upto: int) -> int:
+        """Delete change-log entries with LSN <= ``upto``; return how many went."""
+        cur = self._txn.cursor(db=self._dbs["changes"])
+        n = 0
+        if cur.first():
+            while cur.key() and unpack_u64(cur.key()) <= upto:
+                cur.delete()
+                n += 1
+        return n
+
+    def apply(self, change: list) -> None:
+        """Apply one logical change from a primary's change log (a DR-standby following it)
+        with the same method that recorded it there. Raises ``Diverged`` when an append does not
+        land where it did on the primary, ValueError for an unknown change."""
+        kind = change[0]
+        if kind == "append":
+            _, qid, partition, first, records = change
+            got = self.append(qid, partition, records)
+            if got != first:
+                raise Diverged(f"standby diverged: partition {qid}/{partition} appends at {got}, "
+                               f"primary at {first}")
+            return
+        method = _APPLIED.get(kind)
+        if method is None:
+            raise ValueError(f"unknown change {kind!r}")
+        getattr(self, method)(*change[1:])
+
+
+# change kind -> the Writer method that recorded it (and applies it again on a standby)
+_APPLIED = {"ack": "ack", "put_queue": "put_queue", "delete_queue": "delete_queue",
+            "put_state": "put_state", "delivered_mark": "set_delivered_mark",
+            "init_partition": "init_partition", "drop_partition": "drop_partition",
+            "meta": "put_meta", "queue_meta": "put_queue_meta"}
 
 
 def encode_change(lsn: int, time_ns: int, msgs_total: int, changes: list[tuple]) -> bytes:

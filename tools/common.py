@@ -9,12 +9,11 @@ import contextlib
 import errno
 import os
 import sys
-import time
 from typing import Iterator
 
 import click
 
-from partq import Broker, CorruptStore, PartqError
+from partq import Broker, PartqError
 from partq.storage import Store
 
 STORE_FILE = "data.mdb"
@@ -83,7 +82,7 @@ class App:
     def broker(self, create: bool = False) -> Iterator[Broker]:
         if not create:
             self._require_store()
-        broker = open_retrying(lambda: Broker.open(self.data, create=create))
+        broker = Broker.open(self.data, create=create)
         try:
             yield broker
         finally:
@@ -93,7 +92,7 @@ class App:
     def store(self) -> Iterator[Store]:
         """The directory's storage only: read snapshots, no broker threads, no scaling repair."""
         self._require_store()
-        store = open_retrying(lambda: Store.open(self.data, create=False))
+        store = Store.open(self.data, create=False)
         try:
             yield store
         finally:
@@ -101,23 +100,6 @@ class App:
 
 
 pass_app = click.make_pass_decorator(App)
-
-OPEN_ATTEMPTS = 20
-
-
-def open_retrying(opener):
-    """Work around a partq bug (reported): ``Store.open`` fails with CorruptStore("...
-    MDB_MAP_RESIZED ...") when another process grows the store while it opens, because the
-    open-time transactions do not adopt the new map size as ``Store.read`` does. The failed
-    Store is unreferenced (so its environment closed) before the next attempt."""
-    for attempt in range(1, OPEN_ATTEMPTS + 1):
-        try:
-            return opener()
-        except CorruptStore as exc:
-            if "MDB_MAP_RESIZED" not in str(exc) or attempt == OPEN_ATTEMPTS:
-                raise
-        time.sleep(0.005 * attempt)
-
 
 def interactive() -> bool:
     """A person can answer a question: stdin is a terminal."""

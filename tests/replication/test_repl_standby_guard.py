@@ -1,7 +1,7 @@
 """A standby refuses writes, and no bad frame ever changes its data.
 
 The bad-frame test runs the standby against a fake primary written here: a socket server that
-speaks the real frame format (``partq.replication.send_frame``) and serves change-log entries
+speaks the real frame format (``partq.wire.send_frame``) and serves change-log entries
 cut from a real broker's change log, interleaved with frames that are damaged in every way the
 module docstring names (wrong crc32c, truncated, oversized, undecodable, out of order, a
 snapshot with a bad chunk or a bad checksum). Each must end the connection with a logged
@@ -21,7 +21,7 @@ import msgpack
 import pytest
 
 import partq
-from partq.replication import MAX_FRAME, recv_frame, send_frame
+from partq.wire import MAX_FRAME, recv_frame, send_frame
 from partq.storage.encoding import unpack_u64
 from repl_helpers import compare_stores, key, payload, read_json, wait_until
 

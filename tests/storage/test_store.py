@@ -386,7 +386,7 @@ def test_damaged_btree_page_is_reported_as_corrupt_store(tmp_path):
     proc = subprocess.run([sys.executable, "-c", DAMAGED_PAGE_READ, str(tmp_path / "d")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "partq.errors.CorruptStore"
+    assert proc.stdout.strip() == "partq.storage.errors.CorruptStore"   # = partq.CorruptStore
 
 
 # ---------------------------------------------------------------------------- truncation (S26)
