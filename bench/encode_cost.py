@@ -5,7 +5,7 @@ Prints one JSON object per line (``name``, ``unit``, ``value``; ``peer``, ``peer
 ``ratio`` beside a figure of the same run):
 
 * ``encode_batch_1000``: microseconds per message to check and encode a batch of 1000 keyed
-  256-byte messages (``Broker._encode_batch``: type checks, key hash, msgpack, crc32c framing);
+  256-byte messages (``partq.publishing.encode``: type checks, key hash, msgpack, crc32c framing);
 * ``decode_record`` / ``record_fields``: microseconds per record to check and decode, with and
   without building a ``Record`` (delivery uses the second);
 * ``partq_publish_many_preencoded_1000``: durable ``publish_many``-shaped commits of 1000
@@ -25,7 +25,7 @@ import time
 from workloads import (KEYS, PAYLOAD, partq_broker, partq_publish_many, raw_lmdb_puts,
                        repeat_rate)
 
-from partq.broker import Broker
+from partq.publishing import encode
 from partq.config import QueueConfig
 from partq.storage.encoding import decode_record, encode_record, record_fields
 
@@ -53,9 +53,9 @@ def per_item_us(fn, items: int, seconds: float) -> float:
 def preencoded_rate(seconds: float) -> float:
     with partq_broker() as b:
         items = [(PAYLOAD, KEYS[i % 1024]) for i in range(1000)]
-        encoded = b._encode_batch(b.queue_config("q"), items, time.time_ns())
-        write, op = b._store.write, b._publish_op
-        return repeat_rate(lambda: write(op("q", encoded, single=False)), 1000, seconds)
+        encoded = encode(b.queue_config("q"), items, time.time_ns())
+        write, place = b.store.write, b.publisher.place
+        return repeat_rate(lambda: write(lambda w: place(w, "q", encoded)), 1000, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     config = QueueConfig(name="q", partitions=4)
     items = [(PAYLOAD, KEYS[i % 1024]) for i in range(1000)]
     emit("encode_batch_1000", "us/msg",
-         per_item_us(lambda: Broker._encode_batch(config, items, 0), 1000, seconds))
+         per_item_us(lambda: encode(config, items, 0), 1000, seconds))
     raws = [encode_record(1, KEYS[i % 1024], None, PAYLOAD) for i in range(1000)]
     full = per_item_us(lambda: [decode_record(r, "q", 0, 0) for r in raws], 1000, seconds)
     emit("decode_record", "us/record", full)

@@ -100,8 +100,7 @@ def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
     """Messages per second, and messages per group commit (from the store's counters)."""
     with partq_broker() as b:
         b.publish("q", PAYLOAD, key=KEYS[0])  # warm the config cache
-        writer = b._store._writer  # internal counters, read for this diagnostic only
-        commits_before = writer.commits
+        commits_before = b.store.commit_counts()[0]
 
         def publisher(t: int, end: float) -> int:
             publish, n, k = b.publish, 0, t
@@ -112,7 +111,7 @@ def partq_publish(threads: int, seconds: float) -> tuple[float, float]:
             return n
 
         rate, total = threads_rate(publisher, threads, seconds)
-        return rate, total / max(writer.commits - commits_before, 1)
+        return rate, total / max(b.store.commit_counts()[0] - commits_before, 1)
 
 
 def partq_publish_async(window: int, seconds: float) -> float:

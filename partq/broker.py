@@ -32,6 +32,7 @@ from partq.load import LoadSampler
 from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.pending import Pending
+from partq.publishing import Publisher, discarded_count
 from partq.rebalancer import Rebalancer
 from partq.replication import ReplicationServer, StandbyFollower, stored_slots_status
 from partq.scaling import read_procedure
@@ -44,48 +45,6 @@ from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 log = logging.getLogger("partq.broker")
 
 TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
-
-
-class _PublishOne:
-    """One ``publish`` queued for the group commit. Concurrent publishes to one queue that land
-    in the same commit are placed together (``run_merged``): one append per partition instead of
-    one per message, which is what lets many publishing threads share a commit cheaply."""
-
-    __slots__ = ("broker", "queue", "items", "merge_key")
-
-    def __init__(self, broker: "Broker", queue: str, items: list) -> None:
-        self.broker, self.queue, self.items = broker, queue, items
-        self.merge_key = ("publish", id(broker), queue)
-
-    def __call__(self, w):
-        return self.broker._publish_op(self.queue, self.items, single=True)(w)
-
-    @staticmethod
-    def run_merged(w, ops: list["_PublishOne"]) -> list:
-        first = ops[0]
-        return first.broker._publish_op(first.queue, [op.items[0] for op in ops], single=False)(w)
-
-
-def _checkpoint_key(name: str) -> bytes:
-    if not isinstance(name, str) or not 0 < len(name.encode()) <= 400:
-        raise InvalidConfig(f"a checkpoint name is a str of 1 to 400 bytes, not {name!r}")
-    return b"checkpoint/" + name.encode()
-
-
-def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
-    return (a.partitioner, a.sticky_batch_size, a.adaptive, a.partition_availability_timeout) == \
-        (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
-
-
-def _refuse_ingress(w, config: QueueConfig, count: int, single: bool):
-    """Ingress is disabled (S19, seed 001): reject when reject-msg-to-sender applies while the
-    queue is shut down, otherwise discard and count (the seed's default: expect loss)."""
-    if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
-        raise IngressDisabled(f"queue {config.name!r} has ingress disabled; retry after "
-                              f"`partq queue update {config.name} --ingress on`")
-    w.put_queue(config.name, dataclasses.replace(config, discarded=config.discarded + count).to_dict())
-    dropped = PublishResult(-1, -1, discarded=True)
-    return dropped if single else [dropped] * count
 
 
 def _create_logs(w, config: QueueConfig) -> None:
@@ -134,13 +93,10 @@ class Broker:
         self._follower = None        # StandbyFollower on a standby that follows
         self._standby = False        # True while this directory is a DR-standby
         self.clock = clock
-        self._rng = rng
         self._lock = threading.RLock()
         self._deliveries: dict[str, QueueDelivery] = {}
         self._delivery_locks: dict[str, DeliveryLock] = {}
-        self._configs: dict[str, QueueConfig] = {}      # publish-side cache (validation only)
-        self._raw_configs: dict[bytes, QueueConfig] = {}
-        self._partitioners: dict[int, tuple[QueueConfig, object, LoadSampler]] = {}
+        self.publisher = Publisher(store, clock, rng)
         self._data_cond = threading.Condition()
         self._data_gen = 0
         self._closed = False
@@ -302,7 +258,7 @@ class Broker:
                 for flow in list(qd.flows.values()):
                     flow._close(f"queue {name!r} was deleted")
             lock = self._delivery_locks.pop(name, None) or DeliveryLock(self.path, config.qid, name)
-            self._configs.pop(name, None)
+            self.publisher.forget(name)
         def op(w):
             current = w.queue(name)
             if current is not None and current["qid"] == config.qid:
@@ -326,9 +282,7 @@ class Broker:
         what the commit raised). One thread can keep many publishes in flight this way; they
         share commits like concurrent publishers do, and land in the order they were made."""
         self._check_writable()
-        config = self._publish_config(queue)
-        encoded = self._encode_batch(config, ((payload, key, headers),), self.clock.wall_ns())
-        return Pending(self._store.submit(_PublishOne(self, queue, encoded)))
+        return self.publisher.publish_async(queue, payload, key, headers)
 
     def publish_many(self, queue: str, items: Iterable,
                      checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
@@ -342,199 +296,11 @@ class Broker:
         created again under the same name starts with none.
         """
         self._check_writable()
-        config = self._publish_config(queue)
-        # one commit, one publish time
-        encoded = self._encode_batch(config, items, self.clock.wall_ns())
-        if not encoded and checkpoint is None:
-            return []
-        publish = self._publish_op(queue, encoded, single=False)
-        if checkpoint is None:
-            return self._store.write(publish)
-        name, position = checkpoint
-        key = _checkpoint_key(name)
-
-        def op(w):
-            config = self._config_in(w, queue)
-            stored = w.queue_meta(config.qid, key)
-            if stored is not None and unpack_u64(stored) >= position:
-                return []
-            if not config.ingress_enabled:
-                raise IngressDisabled(f"queue {queue!r} has ingress disabled: a checkpointed copy "
-                                      f"would lose the batch; enable ingress and run it again")
-            w.put_queue_meta(config.qid, key, pack_u64(position))
-            return publish(w) if encoded else []
-        return self._store.write(op)
+        return self.publisher.publish_many(queue, items, checkpoint)
 
     def checkpoint(self, queue: str, name: str) -> int | None:
         """The last position ``publish_many(queue, ..., checkpoint=(name, position))`` stored."""
-        with self._store.read() as r:
-            raw = r.queue(queue)
-            if raw is None:
-                raise QueueNotFound(f"no queue named {queue!r}")
-            stored = r.queue_meta(raw["qid"], _checkpoint_key(name))
-        return None if stored is None else unpack_u64(stored)
-
-    def _publish_config(self, queue: str) -> QueueConfig:
-        if type(queue) is not str:
-            raise InvalidConfig(f"queue must be a queue name (str), not {type(queue).__name__}")
-        config = self._configs.get(queue)
-        if config is None:
-            config = self._configs[queue] = self.queue_config(queue)
-        return config
-
-    def _encode(self, config: QueueConfig, payload, key, headers, now: int) -> tuple[int | None, bytes]:
-        """One message as ``_encode_batch`` makes it (for staging)."""
-        return self._encode_batch(config, ((payload, key, headers),), now)[0]
-
-    @staticmethod
-    def _encode_batch(config: QueueConfig, items: Iterable, now: int) -> list[tuple[int | None, bytes]]:
-        """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
-        ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
-        the caller's thread; the write transaction only takes them modulo the partition count it
-        sees (S1). The record layout is ``storage.encoding``'s; this loop is the hot path of
-        publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
-        max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
-        pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
-        if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
-            raise InvalidMessage(f"publish_many takes an iterable of messages, not "
-                                 f"{type(items).__name__}")
-        out = []
-        append = out.append
-        for item in items:
-            key = headers = None
-            if type(item) is tuple:
-                n = len(item)
-                if not 1 <= n <= 3:
-                    raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
-                                         f"(payload, key, headers), not a {n}-tuple")
-                payload = item[0]
-                if n > 1:
-                    key = item[1]
-                    if n > 2:
-                        headers = item[2]
-            else:
-                payload = item
-            if type(payload) is not bytes:
-                if not isinstance(payload, (bytearray, memoryview)):
-                    raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
-                payload = bytes(payload)
-            if len(payload) > max_size:
-                raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
-                                     f"{max_size} of queue {name!r}")
-            key_hash = None
-            if key is not None:
-                if type(key) is not str:
-                    raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
-                try:
-                    raw_key = key.encode()
-                except UnicodeEncodeError:
-                    raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
-                if len(raw_key) > max_key:
-                    raise InvalidMessage(f"key longer than max_key_size={max_key} bytes")
-                key_hash = crc(raw_key)
-            if headers is not None:
-                if type(headers) is not dict:
-                    raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
-                try:
-                    check_headers(headers)
-                    body = pack((now, key, headers, payload))
-                except (TypeError, ValueError, OverflowError) as exc:
-                    raise InvalidMessage(f"headers cannot be stored: {exc}") from None
-            else:
-                body = pack((now, key, None, payload))
-            append((key_hash, crc_pack(crc(body)) + body))
-        return out
-
-    def _config_in(self, w, queue: str) -> QueueConfig:
-        """The queue's config as of this transaction (another process may have changed it)."""
-        raw = w.queue_raw(queue)
-        if raw is None:
-            raise QueueNotFound(f"no queue named {queue!r}")
-        config = self._raw_configs.get(raw)
-        if config is None:
-            if len(self._raw_configs) > 64:
-                self._raw_configs.clear()
-            config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
-        return config
-
-    def _unkeyed_chooser(self, w, config: QueueConfig):
-        """``choose(size) -> partition`` for this transaction's unkeyed messages: the queue's
-        partitioner (rebuilt when its settings change) fed with sampled backlog (S2, S20-S22).
-        Runs in the group-commit thread only."""
-        entry = self._partitioners.get(config.qid)
-        if entry is None or not _same_partitioner(entry[0], config):
-            entry = (config, make_partitioner(config, self._rng), LoadSampler())
-            self._partitioners[config.qid] = entry
-        _, part, sampler = entry
-        n, qid = config.partitions, config.qid
-        if config.partitioner == "random":
-            return lambda size: part.partition(n, size, None, 0.0)
-        now = self.clock.now()
-        load = sampler.load(w, qid, n, now) if config.adaptive else None
-
-        def choose(size: int) -> int:
-            p = part.partition(n, size, load, now)
-            if load is not None:
-                sampler.note_appended(p, 1)
-            return p
-        return choose
-
-    def _publish_op(self, queue: str, items: list[tuple[int | None, bytes]], single: bool,
-                    results: bool = True):
-        """The write that places records: partitions are chosen inside the transaction, from the
-        partition count it sees, so a concurrent scale from another process cannot misplace.
-        ``items`` are (key hash or None, record) as ``_encode_batch`` makes them. With
-        ``results=False`` (bulk callers that discard them) it returns (published, discarded)
-        counts instead of one PublishResult per record."""
-
-        def op(w):
-            config = self._config_in(w, queue)
-            if not config.ingress_enabled:
-                refused = _refuse_ingress(w, config, len(items), single)
-                return refused if results else (0, len(items))
-            n, qid = config.partitions, config.qid
-            if not config.partitioned:     # exclusive: the parent queue's log, in publish order
-                first = w.append(qid, PARENT, [record for _, record in items])
-                if single:
-                    return PublishResult(PARENT, first)
-                if not results:
-                    return len(items), 0
-                new = tuple.__new__
-                return [new(PublishResult, (PARENT, first + i, False)) for i in range(len(items))]
-            choose = None
-            if single:
-                key_hash, record = items[0]
-                p = key_hash % n if key_hash is not None else self._unkeyed_chooser(w, config)(len(record))
-                return PublishResult(p, w.append(qid, p, [record]))
-            try:
-                ps = [key_hash % n for key_hash, _ in items]     # all keyed: the common case
-            except TypeError:
-                ps = []
-                for key_hash, record in items:
-                    if key_hash is not None:
-                        ps.append(key_hash % n)
-                    else:
-                        if choose is None:
-                            choose = self._unkeyed_chooser(w, config)
-                        ps.append(choose(len(record)))
-            buckets: dict[int, list[bytes]] = {p: [] for p in set(ps)}
-            for p, (_, record) in zip(ps, items):
-                buckets[p].append(record)
-            seqs = {}
-            for p, recs in buckets.items():
-                seqs[p] = w.append(qid, p, recs)
-                if crashpoints.ENABLED and len(seqs) == 1 and len(buckets) > 1:
-                    crashpoints.hit("mid_batch")
-            if not results:
-                return len(items), 0
-            out = []
-            new = tuple.__new__
-            for p in ps:        # each partition's seqs go up from its first, in batch order
-                seq = seqs[p]
-                seqs[p] = seq + 1
-                out.append(new(PublishResult, (p, seq, False)))
-            return out
-        return op
+        return self.publisher.checkpoint(queue, name)
 
     # ------------------------------------------------------------------ changing queues
     def update_queue(self, name: str, **changes) -> QueueConfig:
@@ -552,7 +318,7 @@ class Broker:
         self.queue_config(name).updated(**changes)  # validate before writing
 
         def op(w):
-            current = self._config_in(w, name)
+            current = self.publisher.config_in(w, name)
             new = current.updated(**changes)
             if new.partitioned != current.partitioned:
                 if current.scaling_status != "Ready":
@@ -562,7 +328,7 @@ class Broker:
             w.put_queue(name, new.to_dict())
             return new
         new = self._store.write(op)
-        self._configs.pop(name, None)
+        self.publisher.forget(name)
         self.tick()
         return new
 
@@ -578,7 +344,7 @@ class Broker:
             raise InvalidConfig("parent-queue sequences must be integers >= 0")
 
         def op(w):
-            config = self._config_in(w, name)
+            config = self.publisher.config_in(w, name)
             if not config.partitioned:
                 raise InvalidConfig(f"queue {name!r} is exclusive: its parent-queue log is what it "
                                     f"delivers; ack its messages through a flow")
@@ -611,7 +377,7 @@ class Broker:
             return config
 
         def start(w):
-            c = self._config_in(w, name)
+            c = self.publisher.config_in(w, name)
             if partitions > old:
                 c = dataclasses.replace(c, scaling_status="ScalingUp", scaling_from=old, scaling_to=partitions)
             else:
@@ -634,7 +400,7 @@ class Broker:
         scaling = (config.scaling_status, old, new)
 
         def same(w) -> bool:
-            c = self._config_in(w, name)
+            c = self.publisher.config_in(w, name)
             return (c.scaling_status, c.scaling_from, c.scaling_to) == scaling
 
         def create(w, p):
@@ -666,13 +432,13 @@ class Broker:
 
         def finish(w):
             if not same(w):
-                return self._config_in(w, name)   # another process finished it already
-            c = dataclasses.replace(self._config_in(w, name), scaling_status="Ready",
+                return self.publisher.config_in(w, name)   # another process finished it already
+            c = dataclasses.replace(self.publisher.config_in(w, name), scaling_status="Ready",
                                     scaling_from=0, scaling_to=0, **done)
             w.put_queue(name, c.to_dict())
             return c
         final = self._store.write(finish)
-        self._configs.pop(name, None)
+        self.publisher.forget(name)
         self.tick()
         if progress:
             progress(f"Ready with {final.partitions} partitions")
@@ -840,6 +606,7 @@ class Broker:
                 parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                                 if r.has_partition(config.qid, PARENT) else 0)
                 procedure = read_procedure(r, queue, config.qid)
+                discarded = discarded_count(r, config.qid)
 
             def storage_partitions(slots) -> list[int]:
                 return sorted(index[s] for s in slots if s < len(index))
@@ -851,7 +618,7 @@ class Broker:
             scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
             egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
             partitions=parts, flows=flows, delivery_owner=owner_text,
-            access_type=config.access_type, parent_depth=parent_depth,
+            access_type=config.access_type, parent_depth=parent_depth, discarded=discarded,
             procedure=procedure.as_dict() if procedure else None,
             warnings=[procedure.describe()] if procedure and procedure.state != "running" else [])
 

@@ -43,7 +43,6 @@ class QueueConfig:
     scaling_status: str = "Ready"     # Ready | ScalingUp | ScalingDown (S18)
     scaling_from: int = 0             # partition count before the scaling in progress
     scaling_to: int = 0               # partition count the scaling in progress ends at
-    discarded: int = 0                # publishes discarded while ingress was disabled (S19)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -92,7 +91,7 @@ class QueueConfig:
 
 
 USER_SETTABLE = frozenset(f.name for f in dataclasses.fields(QueueConfig)) - {
-    "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to", "discarded"}
+    "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to"}
 
 
 def _check_int(field: str, value, low: int, high: int) -> None:

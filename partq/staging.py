@@ -39,6 +39,7 @@ import msgpack
 
 from partq.errors import CorruptStore, InvalidConfig, PartqError
 from partq.hashing import crc32c_of
+from partq.publishing import encode_one
 from partq.storage.encoding import decode_record, pack_u64
 
 __all__ = ["JobAborted", "JobFinished", "StagedRowsMismatch", "JobCommit", "StagedAttempt",
@@ -185,7 +186,8 @@ class Stager:
         self._job_id = job_id
         self._prefix = _attempt_prefix(job_id, task_partition, attempt_id)
         self._marker = _marker_key(job_id)
-        self._config = broker._publish_config(queue)   # QueueNotFound before anything is staged
+        self._publisher = broker.publisher
+        self._config = broker.publisher.config(queue)   # QueueNotFound before anything is staged
         self._batch_rows = batch_rows
         self._keys: list = []
         self._records: list[bytes] = []
@@ -197,8 +199,7 @@ class Stager:
         self.rows = 0
 
     def add(self, payload, key: str | None = None, headers: dict | None = None) -> None:
-        _, record = self._broker._encode(self._config, payload, key, headers,
-                                         self._broker.clock.wall_ns())
+        _, record = encode_one(self._config, payload, key, headers, self._broker.clock.wall_ns())
         self._keys.append(key)
         self._records.append(record)
         self._bytes += len(record)
@@ -244,7 +245,7 @@ class Stager:
             if first:
                 w.drop_staged(prefix)
             w.stage(prefix, start, chunks)
-        self._broker._store.write(op)
+        self._broker.store.write(op)
         self._next_chunk += len(chunks)
         self.rows += self._pending_rows
         self._chunks, self._pending_rows, self._pending_bytes = [], 0, 0
@@ -297,11 +298,11 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable) -> JobCommit
     """
     ordered = [(tp, aid, rows, _attempt_prefix(job_id, tp, aid)) for tp, aid, rows in _attempt_list(attempts)]
     job_prefix, marker = _job_prefix(job_id), _marker_key(job_id)
-    broker._publish_config(queue)   # QueueNotFound with its hint before any work
-    with broker._store.read() as r:
+    broker.publisher.config(queue)   # QueueNotFound with its hint before any work
+    with broker.store.read() as r:
         chunks = r.staged_prefixes(_JOB_PREFIX_WIDTH).get(job_prefix, 0)
     # The published copy cannot reuse the staged rows' pages within the same transaction.
-    broker._store.reserve(2 * chunks * CHUNK_BYTES)
+    broker.store.reserve(2 * chunks * CHUNK_BYTES)
 
     def op(w):
         state = _read_marker(w, job_id)
@@ -323,7 +324,7 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable) -> JobCommit
                 if keys:
                     hashed = [(None if k is None else crc32c_of(k.encode()), r)
                               for k, r in zip(keys, records)]
-                    _, dropped = broker._publish_op(queue, hashed, single=False, results=False)(w)
+                    _, dropped = broker.publisher.place_count(w, queue, hashed)
                     discarded += dropped
                 n += len(keys)
                 number += 1
@@ -336,7 +337,7 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable) -> JobCommit
         w.put_meta(marker, msgpack.packb({"state": "committed", "rows": published,
                                           "discarded": discarded, "time_ns": time.time_ns()}))
         return JobCommit(job_id, published, discarded)
-    return broker._store.write(op)
+    return broker.store.write(op)
 
 
 def abort_job(broker, job_id: str) -> int:
@@ -356,13 +357,13 @@ def abort_job(broker, job_id: str) -> int:
             w.put_meta(marker, msgpack.packb({"state": "aborted", "rows": dropped,
                                               "time_ns": time.time_ns()}))
         return dropped
-    return broker._store.write(op)
+    return broker.store.write(op)
 
 
 def job_state(broker, job_id: str) -> dict | None:
     """The job's marker (``{"state": "committed" | "aborted", "rows", ...}``) or None while the
     job is open or unknown."""
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         return _read_marker(r, job_id)
 
 
@@ -399,7 +400,7 @@ def _stages(r, under: bytes = _TAG) -> list[StagedAttempt]:
 def list_stages(broker) -> list[StagedAttempt]:
     """Every task attempt with staged rows, by job, task partition and attempt. Reads every
     staged chunk's header: an inspection tool, not a hot path."""
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         return _stages(r)
 
 

@@ -42,6 +42,7 @@ class QueueStatus:
     access_type: str = "non-exclusive"  # "exclusive": non-partitioned, the parent queue delivers
     parent_depth: int = 0       # unacked messages in the parent queue's log (on a partitioned
                                 # queue: left behind by a change of access type; copy them out)
+    discarded: int = 0          # publishes discarded while ingress was off (S19; durable)
     procedure: dict | None = None   # a scaling procedure in progress or interrupted
                                     # (``partq.scaling.Procedure.as_dict``)
     warnings: list[str] = field(default_factory=list)   # what an operator must know now

@@ -335,6 +335,11 @@ class Store:
         once; None resolves at once again."""
         self._writer.sync_gate = gate
 
+    def commit_counts(self) -> tuple[int, int]:
+        """(commits, operations) this process's group commit has made since open: operations
+        per commit is what group commit saves."""
+        return self._writer.commits, self._writer.ops
+
     @property
     def last_lsn(self) -> int:
         """LSN of the newest commit of this process that wrote the change log (0: none yet)."""

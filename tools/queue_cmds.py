@@ -118,14 +118,14 @@ def list_queues(app: App, out: Output) -> None:
                    "partitions": config.operating_partitions,
                    "ingress_enabled": config.ingress_enabled,
                    "egress_enabled": config.egress_enabled,
-                   "scaling_status": config.scaling_status, "discarded": config.discarded}
+                   "scaling_status": config.scaling_status}
             try:
                 st = broker.queue_status(config.name)
             except PartqError as exc:   # e.g. damaged ack state: list the other queues anyway
-                row.update(depth=None, parent_depth=None, rebalance_status=None, flows=None,
+                row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None, flows=None,
                            delivery_owner=None, error=one_line(str(exc)))
             else:
-                row.update(partitions=st.partition_count, depth=st.depth,
+                row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                            parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                            flows=len(st.flows), delivery_owner=st.delivery_owner, error=None,
                            warnings=st.warnings)

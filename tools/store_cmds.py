@@ -47,16 +47,16 @@ def stats(app: App, queue: str | None, out: Output) -> None:
         for config in sorted(configs, key=lambda c: c.name):
             row = {"name": config.name, "access_type": config.access_type,
                    "partitions": config.operating_partitions,
-                   "discarded": config.discarded, "scaling_status": config.scaling_status,
+                   "scaling_status": config.scaling_status,
                    "ingress_enabled": config.ingress_enabled,
                    "egress_enabled": config.egress_enabled}
             try:
                 st = broker.queue_status(config.name)
             except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
-                row.update(depth=None, parent_depth=None, rebalance_status=None, flows=None,
+                row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None, flows=None,
                            active_flows=None, delivery_owner=None, error=one_line(str(exc)))
             else:
-                row.update(partitions=st.partition_count, depth=st.depth,
+                row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                            parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                            flows=len(st.flows), active_flows=sum(1 for f in st.flows if f.active),
                            delivery_owner=st.delivery_owner, error=None,

@@ -194,7 +194,7 @@ def test_ingress_discarding_counts_the_rows(broker, data_dir):
     broker.update_queue("q", ingress_enabled=False)
     result = commit_job(broker, "q", job, [(0, 1, 5)])
     assert (result.published, result.discarded) == (0, 5)
-    assert broker.queue_config("q").discarded == 5
+    assert broker.queue_status("q").discarded == 5
     assert all_messages(data_dir, "q") == []
 
 

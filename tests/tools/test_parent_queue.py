@@ -305,7 +305,7 @@ def test_bad_parent_and_partition_choices(run, broker):
     user_error(run("copy-out", "plain", "--to-queue", "plain"), "another queue")
     user_error(run("copy-out", "excl", "--parent", "--to-queue", "excl"),
                "duplicate every message")
-    assert broker.queue_config("excl").discarded == 0 and broker.queue_status("excl").depth == 0
+    assert broker.queue_status("excl").discarded == 0 and broker.queue_status("excl").depth == 0
 
 
 def test_scale_refuses_an_exclusive_queue_before_touching_ingress(run, broker):

@@ -144,7 +144,7 @@ def test_copy_out_to_queue_and_rerun(run, broker, orders):
 def test_copy_out_refuses_a_destination_with_ingress_off(run, broker, orders):
     ok(run("queue", "create", "dest", "--ingress", "off"))
     user_error(run("copy-out", "orders", "--to-queue", "dest"), "ingress disabled")
-    assert broker.queue_config("dest").discarded == 0
+    assert broker.queue_status("dest").discarded == 0
 
 
 @pytest.mark.parametrize("fmt,reader", [("jsonl", _read_jsonl), ("msgpack", _read_msgpack)])
