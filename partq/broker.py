@@ -1,13 +1,12 @@
-"""The broker: queues, durable publish, flows, timers. The shell around storage and the core.
+"""The broker: one open partq directory, and the verbs of the public API.
 
-Threads and locks
-* Callers' threads publish, bind, receive and ack. Publishes never take the broker lock: they
-  encode in the caller's thread and queue a write for the group-commit thread.
-* ``self._lock`` guards delivery state (``QueueDelivery`` objects). Under it, code may read LMDB
-  and *queue* writes, but never waits for a commit: that happens after the lock is released,
-  so the commit thread can never wait on a caller holding the lock.
-* With a ``SystemClock`` a ticker thread runs due timers every 50 ms. With any other clock
-  (``ManualClock`` in tests) timers run when ``tick()`` or ``Flow.receive`` is called.
+The Broker is a facade over its rooms: ``publishing`` (encode, place), ``delivery`` (the
+dispatcher that owns this process's flows, timers and delivery locks), ``scaling``, ``status``
+and ``replication``. It holds no queue state of its own beyond what those hold.
+
+Thread-safety: a Broker may be shared by the threads of one process; not across ``fork()``:
+a forked child gets ``UsedAcrossFork`` (LMDB cannot reopen its parent's files there either),
+so open brokers after forking, or use 'spawn'.
 """
 from __future__ import annotations
 
@@ -15,36 +14,27 @@ import dataclasses
 import logging
 import os
 import random
-import threading
 import uuid
 import weakref
 from typing import Iterable
 
+from partq import scaling
 from partq.clock import SystemClock
-from partq.config import MAX_PARTITIONS, USER_SETTABLE, QueueConfig
-from partq.delivery import QueueDelivery, ack_parent_log, delivery_layout
-from partq.delivery_lock import DeliveryLock, queue_holder
-from partq.errors import (IngressDisabled, InvalidConfig, InvalidMessage, PartqError, QueueExists,
-                          QueueNotFound, StandbyReadOnly)
+from partq.config import USER_SETTABLE, QueueConfig
+from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holder
+from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
-from partq.hashing import crc32c_of
-from partq.load import LoadSampler
-from partq.partitioners import make_partitioner
 from partq.message import PublishResult
 from partq.pending import Pending
-from partq.publishing import Publisher, discarded_count
-from partq.rebalancer import Rebalancer
+from partq.publishing import Publisher
 from partq.replication import ReplicationServer, StandbyFollower, stored_slots_status
-from partq.scaling import read_procedure
-from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.storage import Store, crashpoints
-from partq.storage.encoding import (PARENT, check_headers, decode_meta, frame_crc, pack_record_body,
-                                    pack_u64, unpack_u64)
+from partq.states import ScalingState
+from partq.status import QueueStatus, build_queue_status
+from partq.storage import Store
+from partq.storage.encoding import PARENT, pack_u64, unpack_u64
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 log = logging.getLogger("partq.broker")
-
-TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
 
 
 def _create_logs(w, config: QueueConfig) -> None:
@@ -68,12 +58,8 @@ _open_brokers: "weakref.WeakSet[Broker]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    """A thread of the parent may have held a broker's lock at fork time; in the child that
-    thread does not exist, so the lock would never be released. Fresh locks let the child reach
-    the pid check and get UsedAcrossFork instead of hanging."""
     for broker in list(_open_brokers):
-        broker._lock = threading.RLock()
-        broker._data_cond = threading.Condition()
+        broker.dispatcher.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -82,31 +68,19 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class Broker:
     """A partq directory opened for publishing, consuming and administration.
 
-    Use ``Broker.open(path)``; close it (or use ``with``). Safe to share between threads of one
-    process; not across ``fork()``: a forked child gets ``UsedAcrossFork`` (LMDB cannot reopen
-    its parent's files there either), so open brokers after forking, or use 'spawn'.
+    Use ``Broker.open(path)``; close it (or use ``with``).
     """
 
     def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
         self._store = store
-        self._replication = None     # ReplicationServer on a primary that listens
-        self._follower = None        # StandbyFollower on a standby that follows
+        self._replication: ReplicationServer | None = None   # on a primary that listens
+        self._follower: StandbyFollower | None = None        # on a standby that follows
         self._standby = False        # True while this directory is a DR-standby
-        self.clock = clock
-        self._lock = threading.RLock()
-        self._deliveries: dict[str, QueueDelivery] = {}
-        self._delivery_locks: dict[str, DeliveryLock] = {}
-        self.publisher = Publisher(store, clock, rng)
-        self._data_cond = threading.Condition()
-        self._data_gen = 0
         self._closed = False
-        store.on_commit(lambda appended: self._wake_receivers())
+        self.clock = clock
+        self.publisher = Publisher(store, clock, rng)
+        self.dispatcher = Dispatcher(store, clock, auto_tick)
         _open_brokers.add(self)
-        self._ticker = None
-        if auto_tick:
-            self._ticker_stop = threading.Event()
-            self._ticker = threading.Thread(target=self._tick_loop, name="partq-ticker", daemon=True)
-            self._ticker.start()
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, durability: str = "sync", clock=None,
@@ -152,8 +126,8 @@ class Broker:
                 broker._follower = StandbyFollower(store, standby_of)
             elif not broker._standby:
                 for config in broker.queues():
-                    if config.scaling_status != "Ready":
-                        broker._finish_scaling(config.name)
+                    if config.scaling_status != ScalingState.READY:
+                        scaling.finish_scaling(broker, config.name)
                 if replication_listen:
                     broker._replication = ReplicationServer(store, replication_listen,
                                                             replication_mode, sync_timeout)
@@ -213,6 +187,11 @@ class Broker:
         return self._store
 
     @property
+    def replication_address(self) -> str | None:
+        """The HOST:PORT the replication listener is bound to (None when not listening)."""
+        return None if self._replication is None else self._replication.address
+
+    @property
     def open_report(self) -> dict:
         """What opening did (store created, stale reader slots cleared)."""
         return self._store.report.as_dict()
@@ -252,13 +231,10 @@ class Broker:
         """Delete a queue and its messages. Refused while another process runs its delivery."""
         self._check_writable()
         config = self.queue_config(name)
-        with self._lock:
-            qd = self._deliveries.pop(name, None)
-            if qd is not None:
-                for flow in list(qd.flows.values()):
-                    flow._close(f"queue {name!r} was deleted")
-            lock = self._delivery_locks.pop(name, None) or DeliveryLock(self.path, config.qid, name)
-            self.publisher.forget(name)
+        lock = (self.dispatcher.release(name, f"queue {name!r} was deleted")
+                or DeliveryLock(self.path, config.qid, name))
+        self.publisher.forget(name)
+
         def op(w):
             current = w.queue(name)
             if current is not None and current["qid"] == config.qid:
@@ -321,7 +297,7 @@ class Broker:
             current = self.publisher.config_in(w, name)
             new = current.updated(**changes)
             if new.partitioned != current.partitioned:
-                if current.scaling_status != "Ready":
+                if current.scaling_status != ScalingState.READY:
                     raise InvalidConfig(f"queue {name!r} is {current.scaling_status}; change its "
                                         f"access type once the scaling has finished")
                 _change_logs(w, current, new)
@@ -352,97 +328,11 @@ class Broker:
         return self._store.write(op)
 
     def scale(self, name: str, partitions: int, progress=None) -> QueueConfig:
-        """Change the partition count (S18), one step per commit so statuses are visible.
-
-        Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the
-        new count in the commit that ends the scaling, once every new partition exists.
-        Down: the count drops at once (publishes and delivery stop using the extra partitions;
-        ScalingDown), then the highest-numbered partitions are deleted first, with their
-        messages. Either way the delivery owner rebalances at once (no holddown). A scaling cut
-        short by a crash is finished by the next ``Broker.open``. ``progress(step: str)`` is
-        called after each step.
-        """
+        """Change the partition count (S18), one step per commit so statuses are visible; see
+        ``partq.scaling.change_count``. ``progress(step: str)`` is called after each step. The
+        seven-step procedure around it (ingress, drain, DR waits) is ``partq.scaling.run``."""
         self._check_writable()
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
-            raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not {partitions!r}")
-        config = self.queue_config(name)
-        if not config.partitioned:
-            raise InvalidConfig(f"queue {name!r} is exclusive (non-partitioned); make it "
-                                f"partitioned with access_type='non-exclusive' to scale it")
-        if config.scaling_status != "Ready":
-            self._finish_scaling(name, progress)
-            config = self.queue_config(name)
-        old = config.partitions
-        if partitions == old:
-            return config
-
-        def start(w):
-            c = self.publisher.config_in(w, name)
-            if partitions > old:
-                c = dataclasses.replace(c, scaling_status="ScalingUp", scaling_from=old, scaling_to=partitions)
-            else:
-                c = dataclasses.replace(c, partitions=partitions, scaling_status="ScalingDown",
-                                        scaling_from=old, scaling_to=partitions)
-            w.put_queue(name, c.to_dict())
-        self._store.write(start)
-        if progress:
-            progress(f"{'ScalingUp' if partitions > old else 'ScalingDown'} {old} -> {partitions}")
-        return self._finish_scaling(name, progress)
-
-    def _finish_scaling(self, name: str, progress=None) -> QueueConfig:
-        """Carry a scaling in progress to its end. Several processes may do this at once (the
-        scaler and any process that opens meanwhile), so every step re-checks, in its own
-        transaction, that the queue is still in this same scaling, and a partition is created
-        only if it has no state yet: a slower finisher must never reset a partition that has
-        already taken publishes."""
-        config = self.queue_config(name)
-        qid, old, new = config.qid, config.scaling_from, config.scaling_to
-        scaling = (config.scaling_status, old, new)
-
-        def same(w) -> bool:
-            c = self.publisher.config_in(w, name)
-            return (c.scaling_status, c.scaling_from, c.scaling_to) == scaling
-
-        def create(w, p):
-            if same(w) and not w.has_partition(qid, p):
-                w.init_partition(qid, p)
-
-        def drop(w, p):
-            return w.drop_partition(qid, p) if same(w) else 0
-
-        if config.scaling_status == "ScalingUp":
-            for p in range(old, new):
-                self._store.write(lambda w, p=p: create(w, p))
-                if crashpoints.ENABLED:
-                    crashpoints.hit("during_scaling")
-                if progress:
-                    progress(f"created partition {p}")
-            done = {"partitions": new}
-        elif config.scaling_status == "ScalingDown":
-            self.tick()  # a local delivery owner stops using the extra partitions first
-            for p in reversed(range(new, old)):
-                n = self._store.write(lambda w, p=p: drop(w, p))
-                if crashpoints.ENABLED:
-                    crashpoints.hit("during_scaling")
-                if progress:
-                    progress(f"deleted partition {p} ({n} messages)")
-            done = {}
-        else:
-            return config
-
-        def finish(w):
-            if not same(w):
-                return self.publisher.config_in(w, name)   # another process finished it already
-            c = dataclasses.replace(self.publisher.config_in(w, name), scaling_status="Ready",
-                                    scaling_from=0, scaling_to=0, **done)
-            w.put_queue(name, c.to_dict())
-            return c
-        final = self._store.write(finish)
-        self.publisher.forget(name)
-        self.tick()
-        if progress:
-            progress(f"Ready with {final.partitions} partitions")
-        return final
+        return scaling.change_count(self, name, partitions, progress)
 
     # ------------------------------------------------------------------ consume
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
@@ -455,7 +345,7 @@ class Broker:
         ``skip_corrupt``: deliver past records that fail their checksum (logged) instead of
         stopping delivery of that partition.
         """
-        self._store._check_usable()
+        self._store.check_usable()
         self._check_writable()
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"flow name must be a str, not {type(name).__name__}")
@@ -463,100 +353,12 @@ class Broker:
             hint = list(hint)
             if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):
                 raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
-        with self._lock:
-            qd = self._delivery(queue)
-            now = self.clock.now()
-            with self._store.read() as r:      # a change stored since the last tick comes first
-                ops = self._config_ops(qd, r, now)
-            if name is not None and qd.core.find_bound(name) is not None:
-                self._submit(ops)
-                raise InvalidConfig(f"a flow named {name!r} is already bound to {queue!r}; "
-                                    f"unbind it first or pick another name")
-            flow = Flow(self, qd, uuid.uuid4().hex[:12], name, skip_corrupt)
-            fut = self._submit(ops + qd.bind(flow, hint, now))
-        self._wait(fut)
-        return flow
+        endpoint = self.dispatcher.bind(queue, name, hint, skip_corrupt)
+        return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
 
-    def _delivery(self, queue: str) -> QueueDelivery:
-        """This process's delivery runtime for ``queue``; takes the queue's delivery lock."""
-        qd = self._deliveries.get(queue)
-        if qd is not None:
-            return qd
-        config = self.queue_config(queue)
-        lock = DeliveryLock(self.path, config.qid, queue)
-        try:
-            with self._store.read() as r:
-                qd = QueueDelivery(config, r, self.clock.now())
-        except BaseException:
-            lock.release()
-            raise
-        self._delivery_locks[queue] = lock
-        self._deliveries[queue] = qd
-        return qd
-
-    def _submit(self, ops: list):
-        """Queue ``ops`` as one write (call under the lock to keep their order)."""
-        if not ops:
-            return None
-        if len(ops) == 1:
-            return self._store.submit(ops[0])
-        return self._store.submit(lambda w: [op(w) for op in ops])
-
-    def _wait(self, fut) -> None:
-        """Wait for a commit (never under the lock); wake receivers whose state changed."""
-        if fut is not None:
-            fut.result()
-        self._wake_receivers()
-
-    def _wake_receivers(self) -> None:
-        with self._data_cond:
-            self._data_gen += 1
-            self._data_cond.notify_all()
-
-    def _wait_for_data(self, gen: int, timeout: float) -> None:
-        with self._data_cond:
-            if self._data_gen == gen:
-                self._data_cond.wait(timeout)
-
-    # ------------------------------------------------------------------ timers
     def tick(self) -> None:
         """Run every rebalance and handoff timer that is due by the clock."""
-        self._store._check_usable()
-        with self._lock:
-            fut = self._submit(self._due_timer_ops())
-        self._wait(fut)
-
-    def _due_timer_ops(self) -> list:
-        now = self.clock.now()
-        ops: list = []
-        if self._deliveries:
-            with self._store.read() as r:
-                for qd in self._deliveries.values():
-                    ops += self._config_ops(qd, r, now)
-        for qd in self._deliveries.values():
-            deadline = qd.core.next_deadline()
-            if deadline is not None and deadline <= now:
-                ops += qd.tick(now)
-        return ops
-
-    @staticmethod
-    def _config_ops(qd: QueueDelivery, r, now: float) -> list:
-        """Apply the queue's stored config to its delivery runtime if it changed (in this
-        process or another) since the runtime last looked."""
-        raw = r.queue_raw(qd.name)
-        if raw is None or raw == qd.config_raw:
-            return []
-        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
-        return qd.apply_config(config, raw, r, now)
-
-    def _tick_loop(self) -> None:
-        while not self._ticker_stop.wait(TICK_INTERVAL):
-            try:
-                self.tick()
-            except PartqError as exc:
-                if self._closed:
-                    return
-                log.warning("timer run failed: %s", exc)
+        self.dispatcher.tick()
 
     # ------------------------------------------------------------------ status
     def queue_status(self, queue: str) -> QueueStatus:
@@ -564,63 +366,13 @@ class Broker:
         delivery, assignments and statuses are those the owner last persisted; when no process
         runs it, the flows of the last owner are shown unbound and their partitions Unbound.
         An exclusive queue shows one partition, ``PARENT``: the parent queue's log."""
-        with self._lock:
-            qd = self._deliveries.get(queue)
-            with self._store.read() as r:
-                raw = r.queue(queue)
-                if raw is None:
-                    raise QueueNotFound(f"no queue named {queue!r}")
-                config = QueueConfig.from_dict(raw)
-                mode, index = delivery_layout(config)
-                owner_text = queue_holder(self.path, config.qid)
-                if qd is not None and qd.mode == mode:
-                    core, statuses, rebalance = qd.core, None, qd.core.status
-                else:
-                    qd = None
-                    blob = r.state(config.qid)
-                    state = decode_meta(blob, f"state of {queue!r}") if blob else None
-                    if state is not None and state.get("mode", "partitioned") != mode:
-                        state = None     # the owner has not applied an access-type change yet
-                    core = (Rebalancer.restored(state["core"], 0, 0, 0) if state
-                            else Rebalancer(len(index), 0, 0))
-                    live = state is not None and owner_text is not None
-                    statuses = state["partition_status"] if live else None
-                    rebalance = state["rebalance_status"] if live else "Ready"
-                parts = []
-                for slot, p in enumerate(index):
-                    ack = r.ack_state(config.qid, p)
-                    head = r.head(config.qid, p)
-                    owner = core.owner[slot] if slot < core.n else None
-                    info = core.flows.get(owner) if owner else None
-                    ps = qd.part(p) if qd is not None else None
-                    if statuses and slot < len(statuses):
-                        status = statuses[slot]
-                    else:
-                        status = core.partition_status(slot) if slot < core.n else "Unassigned"
-                    parts.append(PartitionStatus(
-                        partition=p, status=status,
-                        flow=owner, flow_name=info.name if info else None,
-                        depth=ack.backlog(head), unacked=len(ps.inflight) if ps else 0,
-                        next_seq=head, ack_floor=ack.floor,
-                        error=str(ps.error) if ps is not None and ps.error else None))
-                parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
-                                if r.has_partition(config.qid, PARENT) else 0)
-                procedure = read_procedure(r, queue, config.qid)
-                discarded = discarded_count(r, config.qid)
-
-            def storage_partitions(slots) -> list[int]:
-                return sorted(index[s] for s in slots if s < len(index))
-            flows = [FlowStatus(f.flow_id, f.name, f.bound if qd is not None else False,
-                                bool(f.partitions), storage_partitions(f.partitions))
-                     for f in sorted(core.flows.values(), key=lambda f: f.order)]
-        return QueueStatus(
-            name=queue, partition_count=config.operating_partitions, rebalance_status=rebalance,
-            scaling_status=config.scaling_status, ingress_enabled=config.ingress_enabled,
-            egress_enabled=config.egress_enabled, depth=sum(p.depth for p in parts),
-            partitions=parts, flows=flows, delivery_owner=owner_text,
-            access_type=config.access_type, parent_depth=parent_depth, discarded=discarded,
-            procedure=procedure.as_dict() if procedure else None,
-            warnings=[procedure.describe()] if procedure and procedure.state != "running" else [])
+        view = self.dispatcher.view(queue)
+        with self._store.read() as r:
+            raw = r.queue(queue)
+            if raw is None:
+                raise QueueNotFound(f"no queue named {queue!r}")
+            config = QueueConfig.from_dict(raw)
+            return build_queue_status(r, config, view, queue_holder(self.path, config.qid))
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -629,25 +381,13 @@ class Broker:
         if self._closed:
             return
         self._closed = True
-        if self._store._pid != os.getpid():
+        if not self._store.in_owner_process():
             return    # a forked child: the parent's locks, threads and environment are not ours
         if self._follower is not None:
             self._follower.close()
         if self._replication is not None:
             self._replication.close()
-        if self._ticker is not None:
-            self._ticker_stop.set()
-            if threading.current_thread() is not self._ticker:
-                self._ticker.join()
-        with self._lock:
-            for qd in self._deliveries.values():
-                for flow in list(qd.flows.values()):
-                    flow._close("the broker was closed")
-            self._deliveries.clear()
-            for lock in self._delivery_locks.values():
-                lock.release()
-            self._delivery_locks.clear()
-        self._wake_receivers()
+        self.dispatcher.close("the broker was closed")
         self._store.close()
 
     def __enter__(self) -> "Broker":

@@ -7,9 +7,11 @@ import re
 from dataclasses import dataclass
 
 from partq.errors import InvalidConfig
+from partq.states import AccessType, Partitioner, ScalingState
 
-PARTITIONERS = ("random", "sticky")
-ACCESS_TYPES = ("non-exclusive", "exclusive")
+PARTITIONERS = tuple(p.value for p in Partitioner)
+ACCESS_TYPES = tuple(a.value for a in AccessType)
+SCALING_STATES = tuple(s.value for s in ScalingState)
 MAX_PARTITIONS = 1 << 16
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
 
@@ -23,7 +25,7 @@ class QueueConfig:
     rebalance_delay: float = 5.0
     max_handoff_time: float = 3.0
     max_delivered_unacked_per_flow: int = 10_000
-    partitioner: str = "random"
+    partitioner: str = Partitioner.RANDOM
     sticky_batch_size: int = 16_384
     adaptive: bool = True
     partition_availability_timeout: float = 0.0
@@ -37,10 +39,10 @@ class QueueConfig:
     # partition count is 0, as the seeds say): messages go to the parent queue's own log and one
     # flow at a time receives them, the others standing by. ``partitions`` is kept and is the
     # count again once access is non-exclusive.
-    access_type: str = "non-exclusive"
+    access_type: str = AccessType.NON_EXCLUSIVE
     # Maintained by the broker, not set by users:
     qid: int = 0
-    scaling_status: str = "Ready"     # Ready | ScalingUp | ScalingDown (S18)
+    scaling_status: str = ScalingState.READY     # S18
     scaling_from: int = 0             # partition count before the scaling in progress
     scaling_to: int = 0               # partition count the scaling in progress ends at
 
@@ -61,11 +63,17 @@ class QueueConfig:
             raise InvalidConfig(f"access_type must be one of {ACCESS_TYPES}, not {self.access_type!r}")
         if self.partitioner not in PARTITIONERS:
             raise InvalidConfig(f"partitioner must be one of {PARTITIONERS}, not {self.partitioner!r}")
+        if self.scaling_status not in SCALING_STATES:
+            raise InvalidConfig(f"scaling_status must be one of {SCALING_STATES}")
+        # the members are their strings: stored, printed and compared as the plain words
+        object.__setattr__(self, "access_type", AccessType(self.access_type))
+        object.__setattr__(self, "partitioner", Partitioner(self.partitioner))
+        object.__setattr__(self, "scaling_status", ScalingState(self.scaling_status))
 
     @property
     def partitioned(self) -> bool:
         """Whether messages go to partitions (non-exclusive) or to the parent queue (exclusive)."""
-        return self.access_type == "non-exclusive"
+        return self.access_type == AccessType.NON_EXCLUSIVE
 
     @property
     def operating_partitions(self) -> int:

@@ -1,44 +1,56 @@
 """A consumer flow: the handle ``Broker.bind`` returns. Receive, ack, nack, unbind.
 
-Thread-safety: a Flow may be used from several threads; each call takes the broker lock briefly.
+A ``Flow`` is a thin handle over a ``FlowEndpoint``: the delivery runtime of the process that
+owns the queue's delivery (``partq.delivery.LocalEndpoint``), or a connection to that process
+(a flow served over a socket). Both speak the same narrow interface, so a flow behaves the same
+wherever it is bound.
+
+Thread-safety: a Flow may be used from several threads.
 """
 from __future__ import annotations
 
 import threading
-import time
-from collections import deque
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending
 
-POLL_INTERVAL = 0.02     # a blocked receive re-reads the log this often (other processes publish)
-from partq.storage import crashpoints
+
+class FlowEndpoint(Protocol):
+    """What a ``Flow`` needs from whoever delivers to it."""
+
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout`` s for the first."""
+
+    def ack_async(self, msgs: Iterable[Message]):
+        """Apply acks to delivery now; return a handle whose ``result()`` waits until they are
+        durable (or None when there was nothing to write)."""
+
+    def nack(self, msg: Message) -> None: ...
+    def unbind(self) -> None: ...
+    def partitions(self) -> frozenset[int]: ...
+    def events(self) -> list[FlowChangeUpdate]: ...
+    def unacked(self) -> int: ...
+    def closed(self) -> bool: ...
+    def closed_reason(self) -> str | None: ...
+    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None: ...
 
 
 class Flow:
-    def __init__(self, broker, delivery, flow_id: str, name: str | None, skip_corrupt: bool) -> None:
-        self._broker = broker
-        self._qd = delivery
+    def __init__(self, endpoint: FlowEndpoint, flow_id: str, queue: str, name: str | None,
+                 skip_corrupt: bool = False) -> None:
+        self._endpoint = endpoint
         self.flow_id = flow_id
+        self.queue = queue
         self.name = name
-        self.queue = delivery.name
         self.skip_corrupt = skip_corrupt
-        self._inflight = 0
-        self._rr = 0
-        self._pending_error = None
-        self._closed = False
-        self._closed_reason = ""
-        self._events: deque[FlowChangeUpdate] = deque()
-        self._on_change: Callable[[FlowChangeUpdate], None] | None = None
 
     # ------------------------------------------------------------------ state
     @property
     def partitions(self) -> frozenset[int]:
         """The partitions assigned to this flow now: keep it as the hint for a rebind (S15). On an
         exclusive queue the active flow holds ``{PARENT}``, the parent queue's log."""
-        with self._broker._lock:
-            return self._qd.partitions_of(self.flow_id)
+        return self._endpoint.partitions()
 
     @property
     def active(self) -> bool:
@@ -47,28 +59,25 @@ class Flow:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._endpoint.closed()
+
+    @property
+    def closed_reason(self) -> str | None:
+        """Why the flow was unbound (None while it is bound)."""
+        return self._endpoint.closed_reason()
 
     @property
     def unacked(self) -> int:
-        return self._inflight
+        return self._endpoint.unacked()
 
     def events(self) -> list[FlowChangeUpdate]:
         """FlowChangeUpdate events since the last call (active/inactive transitions)."""
-        with self._broker._lock:
-            out = list(self._events)
-            self._events.clear()
-            return out
+        return self._endpoint.events()
 
     def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
-        """Call ``callback(update)`` on every FlowChangeUpdate. It runs under the broker lock:
-        keep it short and do not call back into the broker from it."""
-        self._on_change = callback
-
-    def _changed(self, update: FlowChangeUpdate) -> None:
-        self._events.append(update)
-        if self._on_change is not None:
-            self._on_change(update)
+        """Call ``callback(update)`` on every FlowChangeUpdate. It runs while delivery state is
+        locked: keep it short and do not call back into the broker from it."""
+        self._endpoint.on_change(callback)
 
     # ------------------------------------------------------------------ consume
     def receive(self, max_messages: int = 100, timeout: float = 0.0) -> list[Message]:
@@ -76,42 +85,17 @@ class Flow:
 
         Returns as soon as at least one message is available, or an empty list once ``timeout``
         seconds (real time) passed; ``timeout=0`` never blocks. Bounded by
-        ``max_delivered_unacked_per_flow`` (S14).
+        ``max_delivered_unacked_per_flow`` (S14). A waiting receive sleeps: it wakes for new
+        messages, a change of its partitions or a due timer, and looks for other processes'
+        publishes every 20 ms at the cost of one read of the store's version.
         """
-        if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
-        broker, qd = self._broker, self._qd
-        broker._store._check_usable()
-        deadline = time.monotonic() + timeout
-        while True:
-            gen = broker._data_gen
-            with broker._lock:
-                qd.check_flow(self)
-                timer_fut = broker._submit(broker._due_timer_ops())
-                with broker._store.read() as r:
-                    msgs, marks, skipped = qd.collect(self, max_messages, r)
-                fut = broker._submit(qd.collect_ops(marks, skipped))
-            broker._wait(timer_fut)
-            if fut is not None:
-                try:
-                    fut.result()
-                except BaseException:
-                    with broker._lock:
-                        qd.undo_collect(self, msgs, marks)
-                    raise
-            if msgs:
-                return msgs
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            broker._wait_for_data(gen, min(remaining, POLL_INTERVAL))
+        return self._endpoint.receive(max_messages, timeout)
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
                  poll: float = 0.2) -> Iterator[Message]:
         """Iterate over messages until the flow is unbound or ``stop`` is set. The caller acks."""
-        while not self._closed and not (stop is not None and stop.is_set()):
-            for msg in self.receive(batch, timeout=poll):
-                yield msg
+        while not self.closed and not (stop is not None and stop.is_set()):
+            yield from self.receive(batch, timeout=poll)
 
     def run(self, handler: Callable[[Message], None], stop: threading.Event | None = None,
             batch: int = 100) -> None:
@@ -139,34 +123,16 @@ class Flow:
         ``Pending.result()`` returns. A consumer can receive and process its next batch while
         the previous batch's acks are committed; until ``result()`` returns, a crash may bring
         those messages back (redelivered), as for an ack not yet made."""
-        broker = self._broker
-        with broker._lock:
-            fut = broker._submit(self._qd.ack(self, msgs, broker.clock.now()))
-        if crashpoints.ENABLED:
-            crashpoints.hit("at_ack")
-        return Pending(fut)
+        return Pending(self._endpoint.ack_async(msgs))
 
     def nack(self, msg: Message) -> None:
         """Return ``msg`` for redelivery (with every later unacked message of its partition)."""
-        broker = self._broker
-        with broker._lock:
-            fut = broker._submit(self._qd.nack(self, msg, broker.clock.now()))
-        broker._wait(fut)
+        self._endpoint.nack(msg)
 
     def unbind(self) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked
         redelivered. A named flow that binds again within the rebalance delay gets them back."""
-        broker = self._broker
-        with broker._lock:
-            if self._closed:
-                return
-            self._close("unbound by the application")
-            fut = broker._submit(self._qd.unbind(self, broker.clock.now()))
-        broker._wait(fut)
-
-    def _close(self, reason: str) -> None:
-        self._closed = True
-        self._closed_reason = reason
+        self._endpoint.unbind()
 
     def __enter__(self) -> "Flow":
         return self
@@ -176,5 +142,4 @@ class Flow:
 
     def __repr__(self) -> str:
         return (f"<Flow {self.name or self.flow_id} of {self.queue!r} "
-                f"partitions={sorted(self.partitions)}{' closed' if self._closed else ''}>")
-
+                f"partitions={sorted(self.partitions)}{' closed' if self.closed else ''}>")

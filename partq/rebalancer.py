@@ -26,9 +26,12 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from partq.states import PartitionState, RebalanceState
+
 # Partition statuses (S5), rebalancing statuses (S10).
-UNASSIGNED, READY, PAUSED, UNBOUND = "Unassigned", "Ready", "Paused", "Unbound"
-HOLDDOWN, REBALANCING = "Holddown", "Rebalancing"
+UNASSIGNED, READY, PAUSED, UNBOUND = (PartitionState.UNASSIGNED, PartitionState.READY,
+                                      PartitionState.PAUSED, PartitionState.UNBOUND)
+HOLDDOWN, REBALANCING = RebalanceState.HOLDDOWN, RebalanceState.REBALANCING
 
 
 # ---------------------------------------------------------------------- actions
@@ -99,12 +102,12 @@ class Rebalancer:
 
     # ------------------------------------------------------------------ queries
     @property
-    def status(self) -> str:
+    def status(self) -> RebalanceState:
         if self.holddown_deadline is not None:
             return HOLDDOWN
-        return REBALANCING if self.handoffs else READY
+        return REBALANCING if self.handoffs else RebalanceState.READY
 
-    def partition_status(self, p: int) -> str:
+    def partition_status(self, p: int) -> PartitionState:
         owner = self.owner[p]
         if owner is None:
             return UNASSIGNED

@@ -1,8 +1,17 @@
-"""What ``Broker.queue_status`` reports. Plain dataclasses, so tools can print or JSON them."""
+"""What ``Broker.queue_status`` reports, and how it is put together: plain dataclasses, so tools
+can print or JSON them, built from the store and from the delivery view (live in the process that
+runs delivery, as last stored elsewhere)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
+from partq.config import QueueConfig
+from partq.delivery.runtime import delivery_layout
+from partq.delivery.state import DeliveryView, decode_state, stored_view
+from partq.publishing import discarded_count
+from partq.scaling import read_procedure
+from partq.storage.encoding import PARENT
 
 
 @dataclass(frozen=True)
@@ -49,3 +58,35 @@ class QueueStatus:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
+                       owner: str | None) -> QueueStatus:
+    """The status of ``config``'s queue in read snapshot ``r``. ``view``: the live delivery
+    view when this process runs the queue's delivery; ``owner``: the text of the process that
+    holds its delivery lock, if any. An exclusive queue shows one partition, ``PARENT``."""
+    mode, index = delivery_layout(config)
+    if view is None or view.mode != mode:
+        state = decode_state(r.state(config.qid), f"queue {config.name!r}")
+        view = stored_view(state, mode, index, owner is not None)
+    parts = []
+    for slot in view.slots:
+        ack = r.ack_state(config.qid, slot.partition)
+        head = r.head(config.qid, slot.partition)
+        parts.append(PartitionStatus(
+            partition=slot.partition, status=slot.status, flow=slot.flow,
+            flow_name=slot.flow_name, depth=ack.backlog(head), unacked=slot.unacked,
+            next_seq=head, ack_floor=ack.floor, error=slot.error))
+    parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
+                    if r.has_partition(config.qid, PARENT) else 0)
+    procedure = read_procedure(r, config.name, config.qid)
+    return QueueStatus(
+        name=config.name, partition_count=config.operating_partitions,
+        rebalance_status=view.rebalance_status, scaling_status=config.scaling_status,
+        ingress_enabled=config.ingress_enabled, egress_enabled=config.egress_enabled,
+        depth=sum(p.depth for p in parts), partitions=parts,
+        flows=[FlowStatus(f.flow_id, f.name, f.bound, f.active, f.partitions) for f in view.flows],
+        delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
+        discarded=discarded_count(r, config.qid),
+        procedure=procedure.as_dict() if procedure else None,
+        warnings=[procedure.describe()] if procedure and procedure.state != "running" else [])

@@ -231,7 +231,7 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Reader]:
         """A consistent read-only snapshot. Keep it short: the map cannot grow while it is open."""
-        self._check_usable()
+        self.check_usable()
         self._gate.enter()
         try:
             txn = self._begin(write=False)
@@ -264,7 +264,7 @@ class Store:
     def submit(self, op: Callable[[Writer], T]):
         """Queue ``op`` for the next group commit; returns a ``Pending`` whose ``result()``
         waits for the commit."""
-        self._check_usable()
+        self.check_usable()
         return self._writer.submit(op)
 
     def write(self, op: Callable[[Writer], T]) -> T:
@@ -309,7 +309,7 @@ class Store:
         """Write a compact copy of the whole environment into ``directory`` (empty, existing),
         taken from one read transaction while writers go on; return the LSN it holds (a
         DR-standby continues from there)."""
-        self._check_usable()
+        self.check_usable()
         self._gate.enter()
         try:
             with self._begin(write=False) as txn:
@@ -354,7 +354,7 @@ class Store:
         """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file
         ever used: LMDB reuses freed pages, the file never shrinks), ``live`` (bytes of pages the
         data needs now), ``map_size``, and the reader slots in use."""
-        self._check_usable()
+        self.check_usable()
         info, psize = self.env.info(), self.env.stat()["psize"]
         with self.read() as r:
             pages = 4 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
@@ -367,7 +367,7 @@ class Store:
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
         commit does not run the write, hit MapFull, grow and run it all again."""
-        self._check_usable()
+        self.check_usable()
         psize = self.env.stat()["psize"]
         while True:
             info = self.env.info()
@@ -386,7 +386,12 @@ class Store:
             self.env.set_mapsize(min(current * 2, self.max_map_size))
 
     # ------------------------------------------------------------------ lifecycle
-    def _check_usable(self) -> None:
+    def in_owner_process(self) -> bool:
+        """False in a forked child of the process that opened the store."""
+        return self._pid == os.getpid()
+
+    def check_usable(self) -> None:
+        """Raise ``UsedAcrossFork`` in a forked child and ``BrokerClosed`` once closed."""
         if self._pid != os.getpid():
             raise UsedAcrossFork(_fork_message(self.path, self._pid))
         if self._closed:
@@ -405,7 +410,7 @@ class Store:
 
     def sync(self) -> None:
         """Flush everything to disk now (meaningful in async mode)."""
-        self._check_usable()
+        self.check_usable()
         self._gate.enter()
         try:
             self.env.sync(True)

@@ -5,17 +5,15 @@ can say who follows and `dr promote` can stop that process before promoting the 
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
-import socket
 import threading
 import time
 
 import click
 
 from partq.broker import Broker
-from partq.delivery_lock import holder
+from partq.delivery.lock import LockHeld, OwnerLock, holder
 from partq.tools.common import App, UserError
 from partq.tools.output import Output, output_options
 
@@ -58,7 +56,7 @@ def standby(app: App, primary: str, interval: float, out: Output) -> None:
     and binds until `partq dr promote`. Prints its status every --interval seconds.
     """
     os.makedirs(app.path, exist_ok=True)
-    lock_fd = _take_lock(app.path)
+    lock = _take_lock(app.path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())   # handlers only set flags
@@ -74,22 +72,15 @@ def standby(app: App, primary: str, interval: float, out: Output) -> None:
                          f"{doc['applied_lsn']}, lag {doc['lag_messages']} messages")
     finally:
         broker.close()
-        os.close(lock_fd)
+        lock.release()
 
 
-def _take_lock(path: str) -> int:
-    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+def _take_lock(path: str) -> OwnerLock:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise UserError(f"{path} is already followed by the standby process "
-                        f"{holder(os.path.join(path, LOCK_FILE))}; stop it first") from None
-    stamp = f"pid {os.getpid()} on {socket.gethostname()} since " \
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, stamp.encode(), 0)
-    return fd
+        return OwnerLock(os.path.join(path, LOCK_FILE))
+    except LockHeld as exc:
+        raise UserError(f"{path} is already followed by the standby process {exc.holder}; stop "
+                        f"it first") from None
 
 
 @click.group()

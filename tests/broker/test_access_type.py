@@ -137,7 +137,7 @@ def test_another_process_change_reaches_the_delivery_owner_on_its_next_tick(open
     operator.publish("q", b"x")
     assert not flow.closed                     # the owner has not looked yet
     owner.tick()
-    assert flow.closed and "non-partitioned" in flow._closed_reason
+    assert flow.closed and "non-partitioned" in flow.closed_reason
     again = owner.bind("q", name="svc")
     assert again.partitions == {PARENT}
     assert _payloads(again.receive(10)) == [b"x"]

@@ -131,7 +131,7 @@ class BrokerMachine(RuleBasedStateMachine):
     def do_bind(self, slot: int, named: bool, hint=None) -> None:
         name = f"c{slot}" if named else None
         expect = None
-        st_ = self.status() if self.broker._deliveries.get("q") is not None else None
+        st_ = self.status() if self.broker.dispatcher.owns("q") else None
         if st_ is not None and st_.rebalance_status == "Holddown":
             if named:
                 g = self.ghost_with(lambda f: f.name == name)

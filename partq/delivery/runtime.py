@@ -1,7 +1,7 @@
 """Delivery of one queue in the process that owns it: cursors, in-flight messages, and the shell
 around the pure ``Rebalancer`` that carries out its actions.
 
-Everything here runs under the broker's lock and never waits for a commit: methods return the
+Everything here runs under the dispatcher's lock and never waits for a commit: methods return the
 write operations to submit (in order, still under the lock) so that the caller can wait for the
 commit after releasing it.
 
@@ -25,13 +25,15 @@ below the mark comes back marked redelivered (a possible false positive, never a
 from __future__ import annotations
 
 import logging
-
-import msgpack
+from collections import deque
+from typing import Callable
 
 from partq.config import QueueConfig
+from partq.delivery.state import DeliveryView, decode_state, encode_state, view_of
 from partq.errors import CorruptRecord, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
-from partq.rebalancer import (Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume)
+from partq.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
+from partq.states import DeliveryMode
 from partq.storage import crashpoints
 from partq.storage.encoding import PARENT, corruption, record_fields
 
@@ -44,11 +46,11 @@ class InvalidAck(PartqError, ValueError):
     """An ack or nack names a message this queue never delivered."""
 
 
-def delivery_layout(config: QueueConfig) -> tuple[str, list[int]]:
+def delivery_layout(config: QueueConfig) -> tuple[DeliveryMode, list[int]]:
     """The delivery mode of a config and the storage partition of each core slot."""
     if config.partitioned:
-        return "partitioned", list(range(config.partitions))
-    return "exclusive", [PARENT]
+        return DeliveryMode.PARTITIONED, list(range(config.partitions))
+    return DeliveryMode.EXCLUSIVE, [PARENT]
 
 
 def describe_mode(config: QueueConfig) -> str:
@@ -69,6 +71,36 @@ def ack_parent_log(w, qid: int, seqs) -> int:
     if new:
         w.ack(qid, PARENT, new)
     return len(new)
+
+
+class FlowState:
+    """The delivery state of one bound flow, kept by its queue's runtime (the ``Flow`` a user
+    holds is a handle on it). Changed only under the dispatcher's lock."""
+
+    __slots__ = ("flow_id", "name", "queue", "skip_corrupt", "inflight", "rr", "pending_error",
+                 "closed_reason", "events", "on_change")
+
+    def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool) -> None:
+        self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
+        self.inflight = 0                 # messages delivered to it and not acked
+        self.rr = 0                       # where the next receive starts among its partitions
+        self.pending_error: CorruptRecord | None = None   # raised by its next receive
+        self.closed_reason: str | None = None             # set once it is unbound
+        self.events: deque[FlowChangeUpdate] = deque()
+        self.on_change: Callable[[FlowChangeUpdate], None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_reason is not None
+
+    def close(self, reason: str) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = reason
+
+    def changed(self, update: FlowChangeUpdate) -> None:
+        self.events.append(update)
+        if self.on_change is not None:
+            self.on_change(update)
 
 
 class _Partition:
@@ -92,17 +124,17 @@ class QueueDelivery:
         self.qid = config.qid
         self.mode, index = delivery_layout(config)
         blob = reader.state(self.qid)
-        state = None if blob is None else msgpack.unpackb(blob, raw=False)
-        if state is None or state.get("mode", "partitioned") != self.mode:
+        state = decode_state(blob, f"queue {self.name!r}")
+        if state is None or state.mode != self.mode:
             # new, or the access type changed while no process ran delivery: nothing carries over
             self.core = Rebalancer(len(index), config.rebalance_delay, config.max_handoff_time)
         else:
-            self.core = Rebalancer.restored(state["core"], config.rebalance_delay,
+            self.core = Rebalancer.restored(state.core, config.rebalance_delay,
                                             config.max_handoff_time, now)
         self.parts: list[_Partition] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self._set_index(index, reader)
-        self.flows: dict[str, object] = {}   # flow id -> Flow
+        self.flows: dict[str, FlowState] = {}   # flow id -> its delivery state
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
         # writes from construction, submitted with the first bind
@@ -146,7 +178,7 @@ class QueueDelivery:
             reason = (f"queue {self.name!r} changed from {describe_mode(old)} to "
                       f"{describe_mode(config)}")
             for flow in list(self.flows.values()):
-                flow._close(reason)
+                flow.close(reason)
             self.flows.clear()
             self._run(self.core.drop_all(), now)
             self.mode = mode
@@ -192,7 +224,7 @@ class QueueDelivery:
                 elif isinstance(a, FlowActive):
                     flow = self.flows.get(a.flow)
                     if flow is not None:
-                        flow._changed(FlowChangeUpdate(a.active, self.partitions_of(a.flow)))
+                        flow.changed(FlowChangeUpdate(a.active, self.partitions_of(a.flow)))
                 elif not isinstance(a, Resume):
                     raise AssertionError(f"unknown action {a!r}")
             actions = []
@@ -208,7 +240,7 @@ class QueueDelivery:
         for seq, fid in ps.inflight.items():
             flow = self.flows.get(fid)
             if flow is not None:
-                flow._inflight -= 1
+                flow.inflight -= 1
         ps.inflight.clear()
 
     def _redeliver(self, p: int) -> None:
@@ -219,17 +251,18 @@ class QueueDelivery:
         ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
         ps.next = ps.ack.floor
 
-    def state_blob(self) -> bytes:
-        core = self.core
-        return msgpack.packb({
-            "mode": self.mode,
-            "core": core.to_dict(),
-            "rebalance_status": core.status,
-            "partition_status": [core.partition_status(p) for p in range(core.n)],
-        }, use_bin_type=True)
+    def view(self) -> DeliveryView:
+        """Statuses, owners, unacked counts and errors as they are now."""
+        def live(sp: int) -> tuple[int, str | None]:
+            ps = self.part(sp)
+            if ps is None:
+                return 0, None
+            return len(ps.inflight), str(ps.error) if ps.error else None
+        return view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
+                       bound=True, live=live, mode=self.mode)
 
     def _state_ops(self) -> list:
-        blob = self.state_blob()
+        blob = encode_state(self.mode, self.core)
         if blob == self._last_blob:
             return []
         self._last_blob = blob
@@ -244,24 +277,24 @@ class QueueDelivery:
         (partition -> seqs), which are acked in the same commit so the log keeps truncating.
         ``collect_ops`` makes the writes; ``undo_collect`` puts the messages back if that commit
         fails."""
-        if flow._pending_error is not None:
-            err, flow._pending_error = flow._pending_error, None
+        if flow.pending_error is not None:
+            err, flow.pending_error = flow.pending_error, None
             raise err
         if not self.config.egress_enabled:
             return [], {}, {}
-        want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow._inflight)
+        want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow.inflight)
         if want <= 0:
             return [], {}, {}
         core, fid, name, qid = self.core, flow.flow_id, self.name, self.qid
         owned = sorted(core.partitions_of(fid))
         if not owned:
             return [], {}, {}
-        flow._rr = (flow._rr + 1) % len(owned)
+        flow.rr = (flow.rr + 1) % len(owned)
         out: list[Message] = []
         append, new = out.append, tuple.__new__
         marks: dict[int, tuple[int, int]] = {}
         skipped: dict[int, list[int]] = {}
-        for slot in owned[flow._rr:] + owned[:flow._rr]:
+        for slot in owned[flow.rr:] + owned[:flow.rr]:
             if len(out) >= want:
                 break
             if slot in core.handoffs:
@@ -295,7 +328,7 @@ class QueueDelivery:
                             continue
                         ps.next = seq
                         ps.error = exc
-                        flow._pending_error = exc
+                        flow.pending_error = exc
                         break
                     ts, key, headers, payload = fields
                     append(new(Message, (name, p, seq, key, payload, headers, ts, seq <= upto)))
@@ -308,9 +341,9 @@ class QueueDelivery:
                 mark = min(ps.high + MARK_LEASE, reader.head(qid, p) - 1)
                 marks[p] = (ps.ack.delivered_mark, mark)
                 ps.ack.delivered_mark = mark
-        flow._inflight += len(out)
-        if not out and flow._pending_error is not None:
-            err, flow._pending_error = flow._pending_error, None
+        flow.inflight += len(out)
+        if not out and flow.pending_error is not None:
+            err, flow.pending_error = flow.pending_error, None
             raise err
         return out, marks, skipped
 
@@ -325,7 +358,7 @@ class QueueDelivery:
             if ps is None:
                 continue
             if ps.inflight.pop(m.seq, None) is not None:
-                flow._inflight -= 1
+                flow.inflight -= 1
             ps.next = min(ps.next, m.seq)
 
     def collect_ops(self, marks: dict[int, tuple], skipped: dict[int, list[int]]) -> list:
@@ -363,7 +396,7 @@ class QueueDelivery:
             for s in seqs:
                 fid = ps.inflight.pop(s, None)
                 if fid is not None and fid in self.flows:
-                    self.flows[fid]._inflight -= 1
+                    self.flows[fid].inflight -= 1
         items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
         ops.append(lambda w: [w.ack(qid, p, seqs) for p, seqs in items])
         actions = []
@@ -388,14 +421,14 @@ class QueueDelivery:
         for seq in sorted(s for s in ps.inflight if s >= msg.seq):
             fid = ps.inflight.pop(seq)
             if fid in self.flows:
-                self.flows[fid]._inflight -= 1
+                self.flows[fid].inflight -= 1
         ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
         ps.next = min(ps.next, msg.seq)
         if slot in self.core.handoffs:
             return self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return []
 
-    def check_flow(self, flow) -> None:
-        if flow._closed:
+    def check_flow(self, flow: "FlowState") -> None:
+        if flow.closed_reason is not None:
             raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"
-                             f"{': ' + flow._closed_reason if flow._closed_reason else ''}; bind again")
+                             f"{': ' + flow.closed_reason if flow.closed_reason else ''}; bind again")

@@ -1,0 +1,348 @@
+"""Delivery in the process that owns it: one lock, the per-queue runtimes, timers, write
+submissions and the wake-ups of waiting receivers. Flows reach it only through ``LocalEndpoint``,
+the narrow interface (``partq.flow.FlowEndpoint``) that a flow served over a socket implements
+too.
+
+Threads and locks
+* ``_lock`` guards every runtime and flow state. Under it, code may read LMDB and *queue*
+  writes, but never waits for a commit: that happens after the lock is released, so the
+  group-commit thread can never wait on a caller holding the lock.
+* Waiting receivers sleep on ``_changed`` until something that can make a message deliverable
+  happens: a commit of this process that appended messages, a change of delivery state (bind,
+  unbind, ack, nack, a rebalance), a due timer, or the poll interval, after which they look at
+  the store's version (LMDB's last transaction id, shared by every process) and read the logs
+  only if it moved. An idle flow therefore costs a few microseconds per poll, not a read of
+  every partition.
+* With a ``SystemClock`` a ticker thread runs due timers every ``TICK_INTERVAL``. With any
+  other clock (``ManualClock`` in tests) timers run when ``tick()`` or a receive is called.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Iterable
+
+from partq.config import QueueConfig
+from partq.delivery.lock import DeliveryLock
+from partq.delivery.runtime import FlowState, QueueDelivery
+from partq.delivery.state import DeliveryView
+from partq.errors import InvalidConfig, PartqError
+from partq.message import FlowChangeUpdate, Message
+from partq.storage import crashpoints
+from partq.storage.encoding import decode_meta
+
+log = logging.getLogger("partq.delivery")
+
+TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
+POLL_INTERVAL = 0.02     # a waiting receive looks for other processes' publishes this often
+
+
+class Dispatcher:
+    def __init__(self, store, clock, auto_tick: bool) -> None:
+        self.store = store
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._runtimes: dict[str, QueueDelivery] = {}
+        self._locks: dict[str, DeliveryLock] = {}
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._config_version = -1          # store version when configs were last compared
+        self.polls = 0                     # receive wake-ups that read the logs (diagnostics)
+        self._closed = False
+        store.on_commit(self._on_commit)
+        self._ticker: threading.Thread | None = None
+        self._ticker_stop = threading.Event()
+        if auto_tick:
+            self._ticker = threading.Thread(target=self._tick_loop, name="partq-ticker",
+                                            daemon=True)
+            self._ticker.start()
+
+    def after_fork(self) -> None:
+        """In a forked child: a thread of the parent may have held these locks at fork time;
+        fresh ones let the child reach the store's pid check (UsedAcrossFork) instead of
+        hanging."""
+        self._lock = threading.RLock()
+        self._changed = threading.Condition()
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, queue: str, name: str | None, hint: list[int] | None,
+             skip_corrupt: bool) -> "LocalEndpoint":
+        with self._lock:
+            qd = self._runtime(queue)
+            now = self.clock.now()
+            with self.store.read() as r:      # a change stored since the last tick comes first
+                ops = self._config_ops(qd, r, now)
+            if name is not None and qd.core.find_bound(name) is not None:
+                self._submit(ops)
+                raise InvalidConfig(f"a flow named {name!r} is already bound to {queue!r}; "
+                                    f"unbind it first or pick another name")
+            state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
+            fut = self._submit(ops + qd.bind(state, hint, now))
+        self._commit_and_notify(fut)
+        return LocalEndpoint(self, qd, state)
+
+    def _runtime(self, queue: str) -> QueueDelivery:
+        """This process's delivery runtime for ``queue``; takes the queue's delivery lock."""
+        qd = self._runtimes.get(queue)
+        if qd is not None:
+            return qd
+        with self.store.read() as r:
+            raw = r.queue(queue)
+        if raw is None:
+            from partq.errors import QueueNotFound
+            raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
+                                f"(or `partq queue create {queue}`)")
+        config = QueueConfig.from_dict(raw)
+        lock = DeliveryLock(self.store.path, config.qid, queue)
+        try:
+            with self.store.read() as r:
+                qd = QueueDelivery(config, r, self.clock.now())
+        except BaseException:
+            lock.release()
+            raise
+        self._locks[queue] = lock
+        self._runtimes[queue] = qd
+        return qd
+
+    def owns(self, queue: str) -> bool:
+        with self._lock:
+            return queue in self._runtimes
+
+    def view(self, queue: str) -> DeliveryView | None:
+        """The live view of ``queue``'s delivery, when this process runs it."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            return None if qd is None else qd.view()
+
+    def release(self, queue: str, reason: str) -> DeliveryLock | None:
+        """Stop delivering ``queue`` here (it is being deleted): close its flows with ``reason``
+        and hand back its delivery lock, still held, for the caller to release."""
+        with self._lock:
+            qd = self._runtimes.pop(queue, None)
+            if qd is not None:
+                for state in list(qd.flows.values()):
+                    state.close(reason)
+            lock = self._locks.pop(queue, None)
+        self.notify()
+        return lock
+
+    # ------------------------------------------------------------------ the flow interface
+    def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
+                timeout: float) -> list[Message]:
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidConfig(f"max_messages must be an integer >= 1, not {max_messages!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not math.isfinite(timeout) or timeout < 0:
+            raise InvalidConfig(f"timeout must be a finite number of seconds >= 0, not {timeout!r}")
+        self.store.check_usable()
+        deadline = time.monotonic() + timeout
+        looked_at = None     # (generation, store version) when the logs last had nothing
+        while True:
+            with self._changed:
+                generation = self._generation
+            now_seen = (generation, self.store.version())
+            if now_seen != looked_at or self._timer_due():
+                self.polls += 1
+                msgs = self._collect(qd, state, max_messages)
+                if msgs:
+                    return msgs
+                looked_at = now_seen
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            with self._changed:
+                if self._generation == generation:
+                    self._changed.wait(min(remaining, POLL_INTERVAL))
+
+    def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
+        with self._lock:
+            qd.check_flow(state)
+            timer_fut = self._submit(self._due_timer_ops())
+            with self.store.read() as r:
+                msgs, marks, skipped = qd.collect(state, max_messages, r)
+            fut = self._submit(qd.collect_ops(marks, skipped))
+        if timer_fut is not None:
+            self._commit_and_notify(timer_fut)
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException:
+                with self._lock:
+                    qd.undo_collect(state, msgs, marks)
+                raise
+        return msgs
+
+    def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message]):
+        with self._lock:
+            fut = self._submit(qd.ack(state, msgs, self.clock.now()))
+        if crashpoints.ENABLED:
+            crashpoints.hit("at_ack")
+        self.notify()     # credit came back; a paused partition may have drained
+        return fut
+
+    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+        with self._lock:
+            fut = self._submit(qd.nack(state, msg, self.clock.now()))
+        self._commit_and_notify(fut)
+
+    def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
+        with self._lock:
+            if state.closed:
+                return
+            state.close("unbound by the application")
+            fut = self._submit(qd.unbind(state, self.clock.now()))
+        self._commit_and_notify(fut)
+
+    def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]:
+        with self._lock:
+            return qd.partitions_of(state.flow_id)
+
+    def events(self, state: FlowState) -> list[FlowChangeUpdate]:
+        with self._lock:
+            out = list(state.events)
+            state.events.clear()
+            return out
+
+    # ------------------------------------------------------------------ writes and wake-ups
+    def _submit(self, ops: list):
+        """Queue ``ops`` as one write (call under the lock to keep their order)."""
+        if not ops:
+            return None
+        if len(ops) == 1:
+            return self.store.submit(ops[0])
+        return self.store.submit(lambda w: [op(w) for op in ops])
+
+    def _commit_and_notify(self, fut) -> None:
+        """Wait for a commit (never under the lock), then wake receivers: delivery state
+        changed."""
+        if fut is not None:
+            fut.result()
+        self.notify()
+
+    def notify(self) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _on_commit(self, appended: int) -> None:
+        if appended:
+            self.notify()
+
+    # ------------------------------------------------------------------ timers
+    def tick(self) -> None:
+        """Run every rebalance and handoff timer that is due by the clock, and apply queue
+        config changes stored by any process."""
+        self.store.check_usable()
+        with self._lock:
+            ops = self._due_timer_ops()
+            fut = self._submit(ops)
+        if ops:
+            self._commit_and_notify(fut)
+
+    def _timer_due(self) -> bool:
+        now = self.clock.now()
+        with self._lock:
+            return any(d is not None and d <= now
+                       for d in (qd.core.next_deadline() for qd in self._runtimes.values()))
+
+    def _due_timer_ops(self) -> list:
+        now = self.clock.now()
+        ops: list = []
+        if self._runtimes:
+            version = self.store.version()
+            if version != self._config_version:
+                self._config_version = version
+                with self.store.read() as r:
+                    for qd in self._runtimes.values():
+                        ops += self._config_ops(qd, r, now)
+        for qd in self._runtimes.values():
+            deadline = qd.core.next_deadline()
+            if deadline is not None and deadline <= now:
+                ops += qd.tick(now)
+        return ops
+
+    @staticmethod
+    def _config_ops(qd: QueueDelivery, r, now: float) -> list:
+        """Apply the queue's stored config to its delivery runtime if it changed (in this
+        process or another) since the runtime last looked."""
+        raw = r.queue_raw(qd.name)
+        if raw is None or raw == qd.config_raw:
+            return []
+        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
+        return qd.apply_config(config, raw, r, now)
+
+    def _tick_loop(self) -> None:
+        while not self._ticker_stop.wait(TICK_INTERVAL):
+            try:
+                self.tick()
+            except PartqError as exc:
+                if self._closed:
+                    return
+                log.warning("timer run failed: %s", exc)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self, reason: str) -> None:
+        """Close every flow with ``reason`` (their state stays stored: consumers that come back
+        within the rebalance delay keep their partitions) and release the delivery locks."""
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker_stop.set()
+            if threading.current_thread() is not self._ticker:
+                self._ticker.join()
+        self.store.remove_commit_hook(self._on_commit)
+        with self._lock:
+            for qd in self._runtimes.values():
+                for state in list(qd.flows.values()):
+                    state.close(reason)
+            self._runtimes.clear()
+            for lock in self._locks.values():
+                lock.release()
+            self._locks.clear()
+        self.notify()
+
+
+class LocalEndpoint:
+    """A flow's endpoint in the process that runs its queue's delivery: ``Flow`` calls these;
+    a remote flow's endpoint offers the same methods over a connection."""
+
+    __slots__ = ("_dispatcher", "_qd", "_state")
+
+    def __init__(self, dispatcher: Dispatcher, qd: QueueDelivery, state: FlowState) -> None:
+        self._dispatcher, self._qd, self._state = dispatcher, qd, state
+
+    @property
+    def flow_id(self) -> str:
+        return self._state.flow_id
+
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        return self._dispatcher.receive(self._qd, self._state, max_messages, timeout)
+
+    def ack_async(self, msgs: Iterable[Message]):
+        return self._dispatcher.ack_async(self._qd, self._state, msgs)
+
+    def nack(self, msg: Message) -> None:
+        self._dispatcher.nack(self._qd, self._state, msg)
+
+    def unbind(self) -> None:
+        self._dispatcher.unbind(self._qd, self._state)
+
+    def partitions(self) -> frozenset[int]:
+        return self._dispatcher.partitions(self._qd, self._state)
+
+    def events(self) -> list[FlowChangeUpdate]:
+        return self._dispatcher.events(self._state)
+
+    def unacked(self) -> int:
+        return self._state.inflight
+
+    def closed(self) -> bool:
+        return self._state.closed
+
+    def closed_reason(self) -> str | None:
+        return self._state.closed_reason
+
+    def on_change(self, callback) -> None:
+        self._state.on_change = callback
