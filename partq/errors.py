@@ -7,15 +7,22 @@ layer translates them in one place.
 """
 from __future__ import annotations
 
+import errno
+
 from partq.storage.errors import (BrokerClosed, CorruptRecord, CorruptStore, Diverged,
                                   FormatVersionMismatch, InvalidConfig, NotAPartqStore, PartqError,
                                   StorageFull, UsedAcrossFork)
 
-__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged", "ReplicationTimeout"]
+__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged", "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced"]
 
 
 class QueueNotFound(PartqError):
     """No queue of that name exists."""
+
+
+class PartitionNotFound(PartqError):
+    """The queue has no partition of that number, or no parent-queue log; the message lists
+    the logs it has."""
 
 
 class QueueExists(PartqError):
@@ -38,6 +45,15 @@ class FlowClosed(PartqError):
     """The flow was unbound (by the caller, by close, or by a queue change)."""
 
 
+class FlowFenced(PartqError):
+    """An ack or nack named messages of a partition the flow no longer holds (S33): nothing was
+    changed; the partition's current flow gets them redelivered. ``messages`` lists them."""
+
+    def __init__(self, message: str, messages: list | None = None) -> None:
+        self.messages = list(messages or [])
+        super().__init__(message)
+
+
 class StandbyReadOnly(PartqError):
     """A DR-standby refuses publishes and binds until it is promoted."""
 
@@ -57,3 +73,22 @@ class ScalingInterrupted(PartqError):
 
 class ReplicationTimeout(PartqError):
     """Sync mode: the standby did not confirm a commit in time. The commit is on the primary."""
+
+
+class CopyOutError(PartqError):
+    """A copy-out cannot start or go on: the destination would lose or duplicate messages, the
+    file is not a copy of that queue, or a record is corrupt. What was copied before stays
+    copied; the message says how to continue."""
+
+
+def describe_os_error(exc: OSError, doing: str | None = None) -> str:
+    """One line for an ``OSError`` on a file: what failed, on which path, why, and what to
+    check ("cannot write /x: Permission denied; check its permissions")."""
+    where = f" {exc.filename}" if exc.filename else ""
+    what = exc.strerror or str(exc)
+    hint = {errno.ENOENT: "check the path", errno.EACCES: "check its permissions",
+            errno.EPERM: "check its permissions", errno.ENOSPC: "free some disk space",
+            errno.EISDIR: "pass a file, not a directory",
+            errno.ENOTDIR: "a part of the path is a file, not a directory",
+            errno.EROFS: "pass a writable location"}.get(exc.errno, "check the path and retry")
+    return f"{doing or 'cannot access'}{where}: {what}; {hint}"

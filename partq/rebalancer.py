@@ -96,6 +96,9 @@ class Rebalancer:
         self.max_handoff_time = max_handoff_time
         self.flows: dict[str, FlowInfo] = {}
         self.owner: list[str | None] = [None] * partitions
+        # Fencing (S33): a partition's epoch goes up each time its owner changes, so an ack
+        # made under an earlier assignment can be told apart even by the same flow.
+        self.epoch: list[int] = [0] * partitions
         self.handoffs: dict[int, Handoff] = {}
         self.holddown_deadline: float | None = None
         self._next_order = 0
@@ -142,7 +145,7 @@ class Rebalancer:
             del self.flows[ghost.flow_id]
             self.flows[flow_id] = FlowInfo(flow_id, name, ghost.order, True, set(ghost.partitions))
             for p in sorted(ghost.partitions):
-                self.owner[p] = flow_id
+                self._set_owner(p, flow_id)
                 out += [Assign(p, flow_id), Redeliver(p), Resume(p)]
             out.append(FlowActive(flow_id, True))
         else:
@@ -212,7 +215,9 @@ class Rebalancer:
             if owner is not None:
                 out += self._move(p, owner, None)
         del self.owner[n:]
+        del self.epoch[n:]
         self.owner.extend([None] * (n - len(self.owner)))
+        self.epoch.extend([0] * (n - len(self.epoch)))
         self.n = n
         self.holddown_deadline = None
         return out + self._rebalance(now)
@@ -229,6 +234,11 @@ class Rebalancer:
         return out
 
     # ------------------------------------------------------------------ internals
+    def _set_owner(self, p: int, flow_id: str | None) -> None:
+        if self.owner[p] != flow_id:
+            self.owner[p] = flow_id
+            self.epoch[p] += 1
+
     def _take_order(self) -> int:
         self._next_order += 1
         return self._next_order
@@ -289,7 +299,7 @@ class Rebalancer:
             src.partitions.discard(p)
             if not src.partitions and src.bound:
                 out.append(FlowActive(source, False))
-        self.owner[p] = target
+        self._set_owner(p, target)
         out.append(Assign(p, target))
         if target is not None:
             dst = self.flows[target]
@@ -387,7 +397,7 @@ class Rebalancer:
         out: list[Action] = []
         for f in [f for f in self.flows.values() if not f.bound]:
             for p in sorted(f.partitions):
-                self.owner[p] = None
+                self._set_owner(p, None)
                 out.append(Assign(p, None))
             del self.flows[f.flow_id]
         out += self._assign_unowned(now)
@@ -413,6 +423,7 @@ class Rebalancer:
                       for f in self.flows.values()],
             "handoffs": [[p, h.source, h.target] for p, h in sorted(self.handoffs.items())],
             "holddown": self.holddown_deadline is not None,
+            "epochs": list(self.epoch),
         }
 
     @classmethod
@@ -423,6 +434,7 @@ class Rebalancer:
         in its hint), and the holddown runs from ``now`` so consumers can come back (S17)."""
         core = cls(state["n"], rebalance_delay, max_handoff_time)
         core._next_order = state["next_order"]
+        core.epoch = list(state.get("epochs", core.epoch))
         for flow_id, name, order, _bound, parts in state["flows"]:
             if parts:
                 core.flows[flow_id] = FlowInfo(flow_id, name, order, False, set(parts))

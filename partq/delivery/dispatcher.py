@@ -9,12 +9,13 @@ Threads and locks
   group-commit thread can never wait on a caller holding the lock.
 * Waiting receivers sleep on ``_changed`` until something that can make a message deliverable
   happens: a commit of this process that appended messages, a change of delivery state (bind,
-  unbind, ack, nack, a rebalance), a due timer, or the poll interval, after which they look at
-  the store's version (LMDB's last transaction id, shared by every process) and read the logs
-  only if it moved. An idle flow therefore costs a few microseconds per poll, not a read of
-  every partition.
-* With a ``SystemClock`` a ticker thread runs due timers every ``TICK_INTERVAL``. With any
-  other clock (``ManualClock`` in tests) timers run when ``tick()`` or a receive is called.
+  unbind, ack, nack, a rebalance), a due timer, or a commit of another process. A receiver
+  reads the logs only when the generation or the store's version (LMDB's last transaction id,
+  shared by every process) moved since it last found nothing: an idle flow reads nothing.
+* With a ``SystemClock`` a ticker thread looks at the store's version every ``POLL_INTERVAL``
+  (waking the receivers when another process committed) and runs due timers. With any other
+  clock (``ManualClock`` in tests) there is no ticker: timers run when ``tick()`` or a receive
+  is called, and a waiting receive looks at the store's version itself every poll interval.
 """
 from __future__ import annotations
 
@@ -36,8 +37,7 @@ from partq.storage.encoding import decode_meta
 
 log = logging.getLogger("partq.delivery")
 
-TICK_INTERVAL = 0.05     # seconds between timer checks with a SystemClock
-POLL_INTERVAL = 0.02     # a waiting receive looks for other processes' publishes this often
+POLL_INTERVAL = 0.02     # seconds between looks at the store for other processes' commits
 
 
 class Dispatcher:
@@ -153,9 +153,11 @@ class Dispatcher:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
+            if self._ticker is None:     # nobody else watches the store: look every poll
+                remaining = min(remaining, POLL_INTERVAL)
             with self._changed:
                 if self._generation == generation:
-                    self._changed.wait(min(remaining, POLL_INTERVAL))
+                    self._changed.wait(remaining)
 
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
@@ -275,8 +277,15 @@ class Dispatcher:
         return qd.apply_config(config, raw, r, now)
 
     def _tick_loop(self) -> None:
-        while not self._ticker_stop.wait(TICK_INTERVAL):
+        """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since
+        the last look (so they need not poll themselves), and run due timers."""
+        seen = self.store.version()
+        while not self._ticker_stop.wait(POLL_INTERVAL):
             try:
+                version = self.store.version()
+                if version != seen:
+                    seen = version
+                    self.notify()
                 self.tick()
             except PartqError as exc:
                 if self._closed:

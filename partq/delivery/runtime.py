@@ -11,35 +11,27 @@ queue has one slot whose log is the parent queue's (``PARENT``), so one flow rec
 others stand by, exactly as the core treats excess consumers of a one-partition queue.
 Messages, hints and ``Flow.partitions`` speak storage partitions; only the core sees slots.
 
-Per partition the shell keeps:
-* ``next``: the next sequence to look at for delivery;
-* ``ack``: a mirror of the durable ``AckState`` (floor, acked-above, delivered mark);
-* ``inflight``: seq -> flow id of messages delivered and not yet acked;
-* ``redeliver_upto``: messages with seq <= this are marked redelivered;
-* ``high``: the highest sequence actually delivered in this run.
-
-The durable delivered mark runs ahead of real deliveries by up to ``MARK_LEASE`` sequences (capped
-at the log's head), so most receives need no commit; after a crash every unacked message at or
-below the mark comes back marked redelivered (a possible false positive, never a false negative).
+Per partition the shell keeps a ``Cursor`` (``cursor.py``: where delivery stands, what is in
+flight, the delivered mark); per flow a ``FlowState``.
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable
+from typing import Callable, Protocol
 
 from partq.config import QueueConfig
 from partq.delivery.state import DeliveryView, decode_state, encode_state, view_of
-from partq.errors import CorruptRecord, FlowClosed, PartqError
+from partq.errors import CorruptRecord, FlowClosed, FlowFenced, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
 from partq.states import DeliveryMode
 from partq.storage import crashpoints
-from partq.storage.encoding import PARENT, corruption, record_fields
+from partq.delivery.cursor import Cursor
+from partq.storage.encoding import PARENT
 
 log = logging.getLogger("partq.delivery")
 
-MARK_LEASE = 1024
 
 
 class InvalidAck(PartqError, ValueError):
@@ -73,14 +65,23 @@ def ack_parent_log(w, qid: int, seqs) -> int:
     return len(new)
 
 
+def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced:
+    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+    return FlowFenced(
+        f"flow {flow.name or flow.flow_id} of queue {queue!r} no longer holds the partition of "
+        f"{len(msgs)} message(s) it {verb} (partition/seq {where}): nothing was {verb}; the "
+        f"partition's current flow gets them redelivered", msgs)
+
+
 class FlowState:
     """The delivery state of one bound flow, kept by its queue's runtime (the ``Flow`` a user
     holds is a handle on it). Changed only under the dispatcher's lock."""
 
     __slots__ = ("flow_id", "name", "queue", "skip_corrupt", "inflight", "rr", "pending_error",
-                 "closed_reason", "events", "on_change")
+                 "closed_reason", "events", "on_change", "remote", "reported", "client")
 
-    def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool) -> None:
+    def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
+                 remote: "RemoteSink | None" = None, client: str | None = None) -> None:
         self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
         self.inflight = 0                 # messages delivered to it and not acked
         self.rr = 0                       # where the next receive starts among its partitions
@@ -88,6 +89,12 @@ class FlowState:
         self.closed_reason: str | None = None             # set once it is unbound
         self.events: deque[FlowChangeUpdate] = deque()
         self.on_change: Callable[[FlowChangeUpdate], None] | None = None
+        # A flow delivered by another process (``follower``): that process reads and acks its
+        # partitions itself and reports what it holds unacked per slot; the owner tells it of
+        # changes through ``remote``.
+        self.remote = remote
+        self.reported: dict[int, int] = {}
+        self.client = client              # "pid P on HOST" of the process the flow lives in
 
     @property
     def closed(self) -> bool:
@@ -96,25 +103,23 @@ class FlowState:
     def close(self, reason: str) -> None:
         if self.closed_reason is None:
             self.closed_reason = reason
+            if self.remote is not None:
+                self.remote.closed(self.flow_id, reason)
 
     def changed(self, update: FlowChangeUpdate) -> None:
+        if self.remote is not None:
+            self.remote.event(self.flow_id, update)
+            return
         self.events.append(update)
         if self.on_change is not None:
             self.on_change(update)
 
 
-class _Partition:
-    __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk")
+class RemoteSink(Protocol):
+    """How the owner tells a flow of another process about changes (a control connection)."""
 
-    def __init__(self, sp: int, ack) -> None:
-        self.sp = sp              # the storage partition (PARENT for an exclusive queue)
-        self.chunk = [None, 0, None]   # the last log chunk read (Reader.records' cache)
-        self.ack = ack
-        self.next = ack.floor
-        self.inflight: dict[int, str] = {}
-        self.redeliver_upto = ack.delivered_mark
-        self.high = ack.floor - 1
-        self.error: CorruptRecord | None = None
+    def event(self, flow_id: str, update: FlowChangeUpdate) -> None: ...
+    def closed(self, flow_id: str, reason: str) -> None: ...
 
 
 class QueueDelivery:
@@ -131,7 +136,7 @@ class QueueDelivery:
         else:
             self.core = Rebalancer.restored(state.core, config.rebalance_delay,
                                             config.max_handoff_time, now)
-        self.parts: list[_Partition] = []
+        self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self._set_index(index, reader)
         self.flows: dict[str, FlowState] = {}   # flow id -> its delivery state
@@ -150,11 +155,11 @@ class QueueDelivery:
         for sp, ps in kept.items():
             if sp not in index:
                 self._forget_inflight(ps)
-        self.parts = [kept.get(sp) or _Partition(sp, reader.ack_state(self.qid, sp))
+        self.parts = [kept.get(sp) or Cursor(sp, reader.ack_state(self.qid, sp))
                       for sp in index]
         self.slot_of = {sp: slot for slot, sp in enumerate(index)}
 
-    def part(self, sp: int) -> _Partition | None:
+    def part(self, sp: int) -> Cursor | None:
         """The delivery state of storage partition ``sp``; None if this queue does not deliver
         it."""
         slot = self.slot_of.get(sp)
@@ -219,8 +224,17 @@ class QueueDelivery:
                 elif isinstance(a, Redeliver):
                     self._redeliver(a.p)
                 elif isinstance(a, Assign):
-                    if a.flow is None and a.p < len(self.parts):
-                        self._forget_inflight(self.parts[a.p])
+                    for state in self.flows.values():
+                        state.reported.pop(a.p, None)
+                    if a.p < len(self.parts):
+                        ps = self.parts[a.p]
+                        target = self.flows.get(a.flow) if a.flow is not None else None
+                        if target is not None and target.remote is not None:
+                            ps.remote_held = True     # its process reads and acks it itself
+                        elif ps.remote_held:
+                            ps.stale, ps.remote_held = True, False   # read its state again
+                        if a.flow is None:
+                            self._forget_inflight(ps)
                 elif isinstance(a, FlowActive):
                     flow = self.flows.get(a.flow)
                     if flow is not None:
@@ -234,9 +248,25 @@ class QueueDelivery:
 
     def _outstanding(self, p: int) -> int:
         owner = self.core.owner[p]
-        return sum(1 for f in self.parts[p].inflight.values() if f == owner)
+        state = self.flows.get(owner) if owner is not None else None
+        if state is not None and state.remote is not None:
+            return state.reported.get(p, 0)
+        return self.parts[p].outstanding(owner)
 
-    def _forget_inflight(self, ps: _Partition) -> None:
+    def report(self, flow: FlowState, counts: dict[int, int], now: float) -> list:
+        """A flow of another process reports what it holds unacked per storage partition: a
+        handoff waiting for it may complete. Returns the writes to submit."""
+        actions = []
+        for sp, n in counts.items():
+            slot = self.slot_of.get(sp)
+            if slot is None or self.core.owner[slot] != flow.flow_id:
+                continue
+            flow.reported[slot] = n
+            if slot in self.core.handoffs:
+                actions += self.core.acked(slot, n, now)
+        return self._run(actions, now)
+
+    def _forget_inflight(self, ps: Cursor) -> None:
         for seq, fid in ps.inflight.items():
             flow = self.flows.get(fid)
             if flow is not None:
@@ -248,8 +278,7 @@ class QueueDelivery:
             crashpoints.hit("during_handoff")
         ps = self.parts[p]
         self._forget_inflight(ps)
-        ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
-        ps.next = ps.ack.floor
+        ps.rewind()
 
     def view(self) -> DeliveryView:
         """Statuses, owners, unacked counts and errors as they are now."""
@@ -285,13 +314,12 @@ class QueueDelivery:
         want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow.inflight)
         if want <= 0:
             return [], {}, {}
-        core, fid, name, qid = self.core, flow.flow_id, self.name, self.qid
-        owned = sorted(core.partitions_of(fid))
+        core, name, qid = self.core, self.name, self.qid
+        owned = sorted(core.partitions_of(flow.flow_id))
         if not owned:
             return [], {}, {}
         flow.rr = (flow.rr + 1) % len(owned)
         out: list[Message] = []
-        append, new = out.append, tuple.__new__
         marks: dict[int, tuple[int, int]] = {}
         skipped: dict[int, list[int]] = {}
         for slot in owned[flow.rr:] + owned[:flow.rr]:
@@ -300,47 +328,12 @@ class QueueDelivery:
             if slot in core.handoffs:
                 continue
             ps = self.parts[slot]
-            p = ps.sp
-            if ps.error is not None:
-                if not flow.skip_corrupt:
-                    continue
-                ps.error = None       # a flow told to skip takes over where delivery stopped
-            inflight, upto = ps.inflight, ps.redeliver_upto
-            while len(out) < want:
-                batch = reader.records(qid, p, ps.next, want - len(out) + 8, ps.chunk)
-                if not batch:
-                    break
-                floor, above = ps.ack.floor, ps.ack.above
-                for seq, raw in batch:
-                    if len(out) >= want:
-                        break
-                    ps.next = seq + 1
-                    if seq < floor or seq in above:
-                        continue
-                    fields = record_fields(raw)
-                    if fields is None:
-                        exc = corruption(raw, name, p, seq)
-                        if flow.skip_corrupt:
-                            log.error("skipping (and acking) %s", exc)
-                            ps.ack.add([seq])
-                            floor = ps.ack.floor
-                            skipped.setdefault(p, []).append(seq)
-                            continue
-                        ps.next = seq
-                        ps.error = exc
-                        flow.pending_error = exc
-                        break
-                    ts, key, headers, payload = fields
-                    append(new(Message, (name, p, seq, key, payload, headers, ts, seq <= upto)))
-                    inflight[seq] = fid
-                if out and out[-1].partition == p and out[-1].seq > ps.high:
-                    ps.high = out[-1].seq
-                if ps.error is not None:
-                    break
-            if ps.high > ps.ack.delivered_mark:
-                mark = min(ps.high + MARK_LEASE, reader.head(qid, p) - 1)
-                marks[p] = (ps.ack.delivered_mark, mark)
-                ps.ack.delivered_mark = mark
+            if ps.stale:
+                ps.refresh(reader.ack_state(qid, ps.sp))
+            ps.take(reader, qid, name, flow, want, out, skipped)
+            mark = ps.mark(reader, qid)
+            if mark is not None:
+                marks[ps.sp] = mark
         flow.inflight += len(out)
         if not out and flow.pending_error is not None:
             err, flow.pending_error = flow.pending_error, None
@@ -367,14 +360,25 @@ class QueueDelivery:
                 + [lambda w, p=p, s=seqs: w.ack(qid, p, s) for p, seqs in skipped.items()])
 
     def ack(self, flow, msgs, now: float) -> list:
-        """Apply acks in memory (from any flow of this queue: a late ack of a handed-off message
-        is still honoured, so an ack that returned is always durable) and return the writes."""
+        """Apply acks in memory and return the writes. Fencing (S33): an ack of a message of a
+        partition the flow no longer holds (it moved to another flow after a handoff timed out,
+        or the flow left) changes nothing and raises ``FlowFenced``; the message belongs to the
+        partition's current flow, which gets it redelivered. A batch is taken whole or not at
+        all. Late acks of messages whose partition no longer exists change nothing either way."""
         by_p: dict[int, list[int]] = {}     # slot -> seqs
-        slot_of = self.slot_of
+        slot_of, owner = self.slot_of, self.core.owner
         stranded: list[int] = []
+        fenced: list[Message] = []
+        msgs = list(msgs)
         for m in msgs:
             if m.queue != self.name:
                 raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
+            slot = slot_of.get(m.partition)
+            if slot is not None and owner[slot] != flow.flow_id:
+                fenced.append(m)
+        if fenced:
+            raise fenced_error(self.name, flow, fenced, "acked")
+        for m in msgs:
             slot = slot_of.get(m.partition)
             if slot is None:
                 if m.partition == PARENT:
@@ -415,6 +419,8 @@ class QueueDelivery:
         slot = self.slot_of.get(msg.partition)
         if slot is None:
             return []     # a scale-down removed its partition, or a change of access type
+        if self.core.owner[slot] != flow.flow_id:
+            raise fenced_error(self.name, flow, [msg], "nacked")
         ps = self.parts[slot]
         if ps.inflight.get(msg.seq) != flow.flow_id:
             return []

@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 
+import pytest
+
 import partq
 
 from broker_helpers import DELAY, HANDOFF, drain  # noqa: F401
@@ -264,23 +266,32 @@ def test_seed000_handoff_timeout_redelivers_in_order(broker, clock):
     c2.ack_many(got)
     # Consumer 1 gets nothing more of partition 1; partition 0 still flows to it.
     check_p0_untouched(broker, c1, b"after")
-    # A late ack from consumer 1 of an already-acked message is harmless.
-    c1.ack(bs[0])
+    # A late ack from consumer 1, which no longer holds partition 1, is fenced (S33) and
+    # changes nothing.
+    with pytest.raises(partq.FlowFenced):
+        c1.ack(bs[0])
     assert broker.queue_status("q").depth == 0
     assert c2.receive(100) == []
 
 
-def test_seed000_late_ack_after_timeout_is_honoured(broker, clock):
+def test_seed000_late_ack_after_timeout_is_fenced(broker, clock):
+    """S33: consumer 1 finishes B1, B2 after its handoff timed out and partition 1 moved: the
+    acks change nothing (FlowFenced names the messages) and consumer 2 gets B1, B2 redelivered,
+    in order, before B3."""
     c1, c2, bs = seed000_setup(broker)
     clock.advance(DELAY)
     broker.tick()
     clock.advance(HANDOFF)
     broker.tick()
     assert owners(broker, "q")[1] == c2.flow_id
-    c1.ack_many(bs)             # consumer 1 finishes B1, B2 after losing the partition
+    with pytest.raises(partq.FlowFenced) as fenced:
+        c1.ack_many(bs)
+    assert fenced.value.messages == list(bs)
+    with pytest.raises(partq.FlowFenced):
+        c1.nack(bs[0])
     got = c2.receive(100)
-    assert [m.payload for m in got] == [b"B3"]
-    assert not got[0].redelivered
+    assert [m.payload for m in got] == [b"B1", b"B2", b"B3"]
+    assert [m.redelivered for m in got] == [True, True, False]
 
 
 # ---------------------------------------------------------------------- seed 004: consumer loss

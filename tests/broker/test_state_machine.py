@@ -322,6 +322,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 if got:
                     progressed = True
                     self.on_received(slot, got)
+                self.prune_held()      # what moved away is fenced (S33): the new owner acks it
                 held = self.held.get(slot, [])
                 if held:
                     progressed = True

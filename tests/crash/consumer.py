@@ -8,8 +8,9 @@ consumer process waits here until the owner dies). Logs ``bound`` once it owns d
 delivery before doing anything with it, and ``acked`` after ack_many returned (or, for some
 batches, after the ``ack_many_async`` result of the previous loop returned). With two flows
 and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
-off between flows while messages are in flight; held messages are acked later through any flow
-(late acks are honoured).
+off between flows while messages are in flight; held messages are acked later through the flow
+that received them: acks of those whose partition moved meanwhile are fenced (S33, FlowFenced),
+and the others are acked.
 """
 from __future__ import annotations
 
@@ -49,21 +50,38 @@ def main(argv=None) -> int:
     held: list = []
     away = 0                                  # loops until the churned flow binds again
 
-    in_flight: list = []                      # (Pending, msgs) of acks not waited for yet
+    in_flight: list = []                      # (flow, Pending, msgs) of acks not waited for yet
+
+    def logged(msgs):
+        log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+
+    def unfenced(msgs, exc):
+        fenced = {(m.partition, m.seq) for m in exc.messages}
+        return [m for m in msgs if (m.partition, m.seq) not in fenced]
 
     def ack(flow, msgs):
         if not msgs:
             return
-        if rng.random() < 0.3:                # ack_many_async: logged once its result() returns
-            in_flight.append((flow.ack_many_async(msgs), msgs))
+        try:
+            if rng.random() < 0.3:            # ack_many_async: logged once its result() returns
+                in_flight.append((flow, flow.ack_many_async(msgs), msgs))
+                return
+            flow.ack_many(msgs)
+        except (partq.FlowFenced, partq.FlowClosed) as exc:
+            # its partition moved (or the flow left): nothing of the batch was acked
+            if isinstance(exc, partq.FlowFenced):
+                ack(flow, unfenced(msgs, exc))
             return
-        flow.ack_many(msgs)
-        log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+        logged(msgs)
 
     while True:
-        for pending, msgs in in_flight:       # the last loop's acks committed meanwhile
-            pending.result()
-            log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+        for flow, pending, msgs in in_flight:   # the last loop's acks committed meanwhile
+            try:
+                pending.result()
+            except partq.FlowFenced as exc:
+                ack(flow, unfenced(msgs, exc))
+                continue
+            logged(msgs)
         in_flight.clear()
         live = [f for f in flows if f is not None]
         for flow in live:
@@ -75,7 +93,7 @@ def main(argv=None) -> int:
             if r < 0.7:
                 ack(flow, msgs)
             elif r < 0.85:
-                held += msgs
+                held += [(flow, m) for m in msgs]
             else:
                 k = rng.randrange(len(msgs))
                 ack(flow, msgs[:k])
@@ -85,7 +103,8 @@ def main(argv=None) -> int:
                 for m in first_of_partition.values():
                     flow.nack(m)    # it and every later unacked message of its partition
         if held and rng.random() < 0.3:
-            ack(rng.choice(live), held)
+            for flow in {f for f, _ in held}:
+                ack(flow, [m for f, m in held if f is flow])
             held = []
         if args.flows > 1:
             if flows[-1] is not None and rng.random() < args.churn:
