@@ -13,7 +13,7 @@ from partq.storage.errors import (BrokerClosed, CorruptRecord, CorruptStore, Div
                                   FormatVersionMismatch, InvalidConfig, NotAPartqStore, PartqError,
                                   StorageFull, UsedAcrossFork)
 
-__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged", "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced"]
+__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged", "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced", "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable"]
 
 
 class QueueNotFound(PartqError):
@@ -92,3 +92,16 @@ def describe_os_error(exc: OSError, doing: str | None = None) -> str:
             errno.ENOTDIR: "a part of the path is a file, not a directory",
             errno.EROFS: "pass a writable location"}.get(exc.errno, "check the path and retry")
     return f"{doing or 'cannot access'}{where}: {what}; {hint}"
+
+
+class AuthenticationFailed(PartqError):
+    """A peer's token did not match (or one side has a token and the other none)."""
+
+
+class ProtocolMismatch(PartqError):
+    """The peer is not a partq listener of that kind, or speaks another version."""
+
+
+class ServerUnavailable(PartqError):
+    """No partq server answers at that address (refused, timed out, or the connection was lost
+    and could not be made again in time)."""

@@ -14,6 +14,8 @@ from typing import Iterator
 import click
 
 from partq import Broker, PartqError
+from partq.errors import describe_os_error
+from partq.notation import one_line
 from partq.storage import Store
 
 STORE_FILE = "data.mdb"
@@ -26,21 +28,6 @@ class UserError(click.ClickException):
 
     def __init__(self, message: str) -> None:
         super().__init__(one_line(message))
-
-
-def one_line(message: str) -> str:
-    return " ".join(str(message).split())
-
-
-def describe_os_error(exc: OSError, doing: str | None = None) -> str:
-    where = f" {exc.filename}" if exc.filename else ""
-    what = exc.strerror or str(exc)
-    hint = {errno.ENOENT: "check the path", errno.EACCES: "check its permissions",
-            errno.EPERM: "check its permissions", errno.ENOSPC: "free some disk space",
-            errno.EISDIR: "pass a file, not a directory",
-            errno.ENOTDIR: "a part of the path is a file, not a directory",
-            errno.EROFS: "pass a writable location"}.get(exc.errno, "check the path and retry")
-    return f"{doing or 'cannot access'}{where}: {what}; {hint}"
 
 
 def translate(exc: BaseException) -> UserError | None:

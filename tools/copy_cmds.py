@@ -1,6 +1,6 @@
 """``partq copy-out``: copy a queue's unacked messages to another queue or to a file.
 
-The copy itself (resumable, exactly once across re-runs) is ``partq.tools.copyout``. With
+The copy itself (resumable, exactly once across re-runs) is ``partq.copyout``. With
 ``--parent`` it copies the parent queue's log: the operator's way to recover the messages a
 change from exclusive to non-exclusive left there, undelivered (seed 001), typically into the
 same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``; ``--move`` also removes
@@ -14,11 +14,11 @@ import threading
 
 import click
 
-from partq.storage.encoding import PARENT
-from partq.tools.common import App, UserError, pass_app, require
-from partq.tools.copyout import FORMATS, FileSink, QueueSink, copy, plan, proven_copied
-from partq.tools.inspect_cmds import load_config, log_partitions, select_logs
-from partq.tools.output import Output, output_options, partition_label
+from partq import copyout
+from partq.notation import partition_label
+from partq.sinks import FORMATS
+from partq.tools.common import App, UserError, pass_app
+from partq.tools.output import Output, output_options
 
 
 @click.command("copy-out")
@@ -69,87 +69,42 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
         raise click.UsageError("pass either --parent or --partition, not both")
     if (to_queue is None) == (to_file is None):
         raise click.UsageError("pass exactly one of --to-queue DEST and --to-file PATH")
-    require(batch >= 1, "--batch must be at least 1")
-    require(from_seq is None or from_seq >= 0, "--from-seq must be 0 or more")
-    require(to_seq is None or to_seq >= (from_seq or 0), "--to-seq must not be below --from-seq")
-    if partition == PARENT:
-        parent, partition = True, None       # the integer --json prints for the parent log
-    require(not move or parent, "--move applies to the parent-queue log only: pass --parent")
-    require(not (move and to_file == "-"), "--move removes what a durable copy holds: pass "
-                                           "--to-queue DEST or --to-file PATH, not standard output")
-    require(not overwrite or to_file is not None, "--overwrite applies to --to-file only")
+    copyout.check_copy(queue, to_queue=to_queue, to_file=to_file, fmt=fmt, overwrite=overwrite,
+                       partition=partition, parent=parent, move=move, from_seq=from_seq,
+                       to_seq=to_seq, batch=batch)
     if to_file == "-":
         out = out.to_stderr()    # standard output carries the messages
-    require(to_queue != queue or parent,
-            "--to-queue must name another queue than the source (only --parent copies into "
-            "the source queue itself: its parent-queue log into its partitions)")
-    range_tag = ""       # an explicit range is a copy of its own (its own checkpoints)
-    if from_seq is not None or to_seq is not None:
-        range_tag = f":{from_seq or 0}-{'' if to_seq is None else to_seq}"
-    moved = [0]       # parent-queue messages removed after their copy (--move)
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(app.broker()) if to_queue is not None or move else None
         store = stack.enter_context(app.store())
-        with store.read() as r:
-            config = load_config(r, queue)
-            parts = select_logs(log_partitions(r, config), queue, partition, parent)
-        if to_queue == queue and not config.partitioned:
-            raise UserError(f"queue {queue!r} is exclusive: its parent-queue log is the log it "
-                            f"delivers, so copying it into {queue!r} would duplicate every "
-                            f"message; copy it to another queue or a file, or make {queue!r} "
-                            f"non-exclusive first (`partq queue update {queue} --access-type "
-                            f"non-exclusive`)")
-        if move and not config.partitioned:
-            raise UserError(f"queue {queue!r} is exclusive: it delivers its parent-queue log, so "
-                            f"--move would take messages from its consumers; drop --move, or "
-                            f"make it non-exclusive first")
-        if to_queue is not None:
-            sink = QueueSink(broker, config, to_queue, range_tag)
-        else:
-            sink = FileSink(to_file, fmt, config, overwrite)
-        stack.callback(sink.close)
-        reports = plan(store, config, parts, from_seq or 0, to_seq, sink)
-        remove = None
-        if move:
-            def remove(seqs: list[int]) -> None:
-                moved[0] += broker.ack_parent(queue, seqs)
-            # an interrupted --move may have copied a batch without removing it: remove what
-            # that run (this same copy of this same queue) proved copied, and nothing else
-            with store.read() as r:
-                floor = r.ack_state(config.qid, PARENT).floor
-            earlier = sink.copied_before(PARENT, max(from_seq or 0, floor))
-            for seqs in proven_copied(store, config, PARENT, earlier):
-                if seqs:
-                    remove(seqs)
-        total = sum(max(rep.end - rep.start + 1, 0) for rep in reports)
+        progress = stack.enter_context(out.progress_callback(f"copying {queue}"))
         stop = stack.enter_context(_stop_on_signals())
-        with out.progress(total, f"copying {queue}") as bar:
-            copy(store, config, reports, sink, batch, skip_corrupt, bar.update, stop.is_set,
-                 remove)
-    copied = sum(rep.copied for rep in reports)
-    doc = {"queue": queue, **sink.describe(), "copied": copied,
-           "complete": not stop.is_set(), "partitions": [rep.as_dict() for rep in reports]}
-    if move:
-        doc["removed_from_parent"] = moved[0]
+        report = copyout.copy_out(broker, store, queue, to_queue=to_queue, to_file=to_file,
+                                  fmt=fmt, overwrite=overwrite, partition=partition,
+                                  parent=parent, move=move, from_seq=from_seq, to_seq=to_seq,
+                                  batch=batch, skip_corrupt=skip_corrupt, progress=progress,
+                                  stop=stop.is_set)
     if out.json:
-        out.doc(doc)
+        out.doc(report.as_dict())
     else:
+        copied = report.copied
         where = f"queue {to_queue!r}" if to_queue else f"{to_file} ({fmt})"
-        resumed = [partition_label(rep.partition) for rep in reports if rep.resumed]
+        resumed = [partition_label(rep.partition) for rep in report.partitions if rep.resumed]
         out.echo(f"copied {copied} message{'s' if copied != 1 else ''} of queue {queue!r} to "
                  f"{where}" + (f"; continued an earlier copy of partition(s) "
                                f"{', '.join(resumed)}" if resumed else ""))
         if move:
-            out.echo(f"removed {moved[0]} message{'s' if moved[0] != 1 else ''} from the "
+            moved = report.removed_from_parent
+            out.echo(f"removed {moved} message{'s' if moved != 1 else ''} from the "
                      f"parent queue of {queue!r}")
         out.table(["PARTITION", "FROM SEQ", "TO SEQ", "COPIED", "ACKED (SKIPPED)", "CORRUPT (SKIPPED)"],
                   [[partition_label(rep.partition), rep.start if rep.end >= rep.start else None,
                     rep.end if rep.end >= rep.start else None, rep.copied, rep.skipped_acked,
-                    ",".join(map(str, rep.skipped_corrupt)) or 0] for rep in reports],
+                    ",".join(map(str, rep.skipped_corrupt)) or 0] for rep in report.partitions],
                   indent="  ")
-    if stop.is_set():
-        raise UserError(f"copy-out interrupted after {copied} messages; run the same command "
-                        f"again to continue")
+    if not report.complete:
+        raise UserError(f"copy-out interrupted after {report.copied} messages; run the same "
+                        f"command again to continue")
 
 
 @contextlib.contextmanager

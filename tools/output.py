@@ -8,27 +8,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import json
 import sys
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import click
 
-from partq.storage.encoding import PARENT
+from partq.notation import jsonable
 
 PAYLOAD_MODES = ("auto", "text", "hex", "base64")
-
-
-def jsonable(value):
-    """``json.dumps`` default: bytes (in headers, which msgpack allows) become
-    ``{"$base64": "..."}``; sets become sorted lists."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"$base64": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def dumps(doc) -> str:
@@ -78,6 +69,25 @@ class Output:
         return click.progressbar(length=max(int(length), 0), label=label,
                                  file=sys.stderr,
                                  hidden=not self.show_progress, show_pos=True)
+
+    @contextlib.contextmanager
+    def progress_callback(self, label: str) -> Iterator[Callable[[int, int], None]]:
+        """A ``progress(n, total)`` for the library (``partq.copyout``, ``partq.verify``): the
+        bar of ``progress`` opens at the first call, with ``total``, and advances by each
+        ``n``; it is closed when the block ends."""
+        bars = []
+
+        def advance(n: int, total: int) -> None:
+            if not bars:
+                bars.append(self.progress(total, label).__enter__())
+                if not n:
+                    return      # the opening call: the bar shows itself when entered
+            bars[0].update(n)
+        try:
+            yield advance
+        finally:
+            if bars:
+                bars[0].__exit__(None, None, None)
 
 
 def _isatty(stream) -> bool:
@@ -138,12 +148,6 @@ def _is_number(cell: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def partition_label(partition: int) -> str:
-    """A partition as people read it: its number, or ``parent`` for the parent queue's log
-    (``partq.PARENT``, 4294967295, which ``--json`` output keeps as the integer)."""
-    return "parent" if partition == PARENT else str(partition)
 
 
 def on_off(value: bool) -> str:

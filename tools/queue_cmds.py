@@ -6,11 +6,11 @@ import functools
 import click
 
 from partq.config import ACCESS_TYPES, PARTITIONERS, USER_SETTABLE
-from partq.errors import PartqError
-from partq.storage.encoding import PARENT
-from partq.tools.common import App, confirm, one_line, pass_app
-from partq.tools.copyout import checkpoint_name
-from partq.tools.output import Output, on_off, output_options, partition_label
+from partq.copyout import Stranded, stranded_state
+from partq.notation import partition_label
+from partq.stats import queue_rows
+from partq.tools.common import App, confirm, pass_app
+from partq.tools.output import Output, on_off, output_options
 
 
 class OnOff(click.ParamType):
@@ -30,6 +30,11 @@ class OnOff(click.ParamType):
 
 
 ON_OFF = OnOff()
+
+# the fields of a ``partq.stats.queue_row`` that ``queue list --json`` reports, in its order
+LIST_FIELDS = ("name", "access_type", "partitions", "ingress_enabled", "egress_enabled",
+               "scaling_status", "depth", "discarded", "parent_depth", "rebalance_status", "flows",
+               "delivery_owner", "error", "warnings")
 
 # (option, QueueConfig field, click type, help). One list for create and update, so the two never
 # drift apart; tests check it covers every user-settable field.
@@ -52,6 +57,8 @@ SETTINGS = [
     ("--max-key-size", "max_key_size", click.INT, "Longest key in bytes."),
     ("--ingress", "ingress_enabled", ON_OFF, "Accept publishes (S19)."),
     ("--egress", "egress_enabled", ON_OFF, "Deliver to consumers (S19)."),
+    ("--consumer-timeout", "consumer_timeout", click.FLOAT,
+     "Seconds a consumer of another process or host may stay silent before it is unbound."),
     ("--reject-msg-to-sender", "reject_msg_to_sender", ON_OFF,
      "Reject publishes the queue refuses instead of discarding them; while ingress is off only "
      "with --reject-when-shutdown on too (S19)."),
@@ -111,28 +118,9 @@ def list_queues(app: App, out: Output) -> None:
     """List queues with their access types, partition counts, depths and statuses.
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
-    rows, notes = [], []
     with app.broker() as broker:
-        for config in sorted(broker.queues(), key=lambda c: c.name):
-            row = {"name": config.name, "access_type": config.access_type,
-                   "partitions": config.operating_partitions,
-                   "ingress_enabled": config.ingress_enabled,
-                   "egress_enabled": config.egress_enabled,
-                   "scaling_status": config.scaling_status}
-            try:
-                st = broker.queue_status(config.name)
-            except PartqError as exc:   # e.g. damaged ack state: list the other queues anyway
-                row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None, flows=None,
-                           delivery_owner=None, error=one_line(str(exc)))
-            else:
-                row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
-                           parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
-                           flows=len(st.flows), delivery_owner=st.delivery_owner, error=None,
-                           warnings=st.warnings)
-                notes += st.warnings
-                if st.parent_depth and config.partitioned and not out.json:
-                    notes.append(stranded(app, broker, config, st.parent_depth))
-            rows.append(row)
+        rows = [{k: row[k] for k in LIST_FIELDS if k in row} for row in queue_rows(broker)]
+        notes = [] if out.json else queue_notes(broker, rows)
     if out.json:
         out.doc(rows)
         return
@@ -152,20 +140,29 @@ def list_queues(app: App, out: Output) -> None:
         out.warn(note)
 
 
-def stranded(app: App, broker, config, count: int) -> str:
-    """What to say about the ``count`` messages a change to non-exclusive left in the parent
-    queue of ``config``'s queue: copy them out, or that they were copied into the queue itself
-    already (its copy-out checkpoint covers the parent log's head)."""
-    name = config.name
+def queue_notes(broker, rows: list[dict]) -> list[str]:
+    """The warnings to print after a table of queue rows (``partq.stats.queue_row``): each
+    queue's status warnings, then what a change of access type stranded in its parent queue."""
+    notes = []
+    for row in rows:
+        notes += row.get("warnings", [])
+        left = stranded_state(broker, row["name"], row["parent_depth"])
+        if left is not None:
+            notes.append(stranded(left))
+    return notes
+
+
+def stranded(left: Stranded) -> str:
+    """What to say about the messages a change to non-exclusive left in a queue's parent queue:
+    move them into the partitions, or (a copy into the queue itself covers them already) only
+    remove them from the parent queue."""
+    name, count = left.queue, left.count
     text = (f"parent queue: {count} message{'s' if count != 1 else ''} left by a change of access "
             f"type; not delivered; ")
-    done = broker.checkpoint(name, checkpoint_name(config.qid, PARENT))
-    if done is not None:
-        with app.store() as store, store.read() as r:
-            if done >= r.head(config.qid, PARENT):
-                return text + (f"already copied into its partitions; remove them from the parent "
-                               f"queue with `partq copy-out {name} --parent --to-queue {name} "
-                               f"--move`")
+    if left.copied:
+        return text + (f"already copied into its partitions; remove them from the parent "
+                       f"queue with `partq copy-out {name} --parent --to-queue {name} "
+                       f"--move`")
     return text + (f"move them into the partitions with `partq copy-out {name} --parent "
                    f"--to-queue {name} --move`")
 
@@ -183,8 +180,8 @@ def show(app: App, name: str, out: Output) -> None:
     with app.broker() as broker:
         config = broker.queue_config(name)
         st = broker.queue_status(name)
-        note = (stranded(app, broker, config, st.parent_depth)
-                if st.parent_depth and config.partitioned else None)
+        left = stranded_state(broker, name, st.parent_depth)
+    note = None if left is None else stranded(left)
     for warning in st.warnings:
         out.warn(warning)
     if out.json:
@@ -265,8 +262,8 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
         after = updated.to_dict()
         note = None
         if access != current.access_type and access == "non-exclusive":
-            left = broker.queue_status(name).parent_depth
-            note = stranded(app, broker, updated, left) if left else None
+            left = stranded_state(broker, name, broker.queue_status(name).parent_depth)
+            note = None if left is None else stranded(left)
     changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
     if out.json:
         out.doc({"queue": name, "changed": changed, "config": after})

@@ -5,10 +5,10 @@ import os
 
 import click
 
-from partq.errors import PartqError
-from partq.tools.common import App, UserError, one_line, pass_app
+from partq.stats import stats as store_stats
+from partq.tools.common import App, UserError, pass_app
 from partq.tools.output import Output, human_size, on_off, output_options
-from partq.tools.queue_cmds import stranded
+from partq.tools.queue_cmds import queue_notes
 
 DEMO_MARK = ".partq-demo"
 
@@ -41,43 +41,18 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     """Per-queue depth, discards, statuses and flows, and the store's file and map size.
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
-    queues, notes = [], []
     with app.broker() as broker:
-        configs = [broker.queue_config(queue)] if queue else broker.queues()
-        for config in sorted(configs, key=lambda c: c.name):
-            row = {"name": config.name, "access_type": config.access_type,
-                   "partitions": config.operating_partitions,
-                   "scaling_status": config.scaling_status,
-                   "ingress_enabled": config.ingress_enabled,
-                   "egress_enabled": config.egress_enabled}
-            try:
-                st = broker.queue_status(config.name)
-            except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
-                row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None, flows=None,
-                           active_flows=None, delivery_owner=None, error=one_line(str(exc)))
-            else:
-                row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
-                           parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
-                           flows=len(st.flows), active_flows=sum(1 for f in st.flows if f.active),
-                           delivery_owner=st.delivery_owner, error=None,
-                           warnings=st.warnings)
-                notes += st.warnings
-                if st.parent_depth and config.partitioned and not out.json:
-                    notes.append(stranded(app, broker, config, st.parent_depth))
-            queues.append(row)
-    with app.store() as store:
-        info = store.env.info()
-        stat = store.env.stat()
-    file_size = os.path.getsize(os.path.join(app.path, "data.mdb"))
-    store_doc = {"path": app.path, "file_size": file_size, "map_size": info["map_size"],
-                 "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
-                 "readers": info["num_readers"], "max_readers": info["max_readers"]}
+        doc = store_stats(broker, queue)
+        notes = [] if out.json else queue_notes(broker, doc["queues"])
+    queues = doc["queues"]
+    usage = {"path": app.path, **doc["store"]}
     if out.json:
-        out.doc({"store": store_doc, "queues": queues})
+        out.doc({"store": usage, "queues": queues})
         return
-    out.echo(f"store {app.path}: file {human_size(file_size)}, used "
-             f"{human_size(store_doc['used_bytes'])}, map {human_size(info['map_size'])}, readers {info['num_readers']}/"
-             f"{info['max_readers']}")
+    out.echo(f"store {app.path}: file {human_size(usage['file_size'])}, used "
+             f"{human_size(usage['used_bytes'])} (live {human_size(usage['live_bytes'])}), map "
+             f"{human_size(usage['map_size'])}, readers {usage['readers']}/"
+             f"{usage['max_readers']}")
     if not queues:
         out.echo("no queues")
         return

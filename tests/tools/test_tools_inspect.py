@@ -172,15 +172,30 @@ def test_inspect_while_another_process_publishes(partq_script, run, data, tmp_pa
 
 
 def test_store_open_while_another_process_grows_the_map(data, tmp_path):
+    """Opening the store (what every command does first) works, again and again, while another
+    process grows the LMDB map: each open reads the queue, and the later ones see a larger map."""
     from partq.storage import Store
     ok(invoke("--data", data, "queue", "create", "busy"))
     stop, progress = tmp_path / "stop", tmp_path / "progress"
     pub = subprocess.Popen([sys.executable, "-c", PUBLISHER, data, str(progress), str(stop)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    map_sizes = []
     try:
         _wait_published(progress, 200, pub)
+        deadline = time.monotonic() + 120
         while _published(progress) < 5000:         # while the map grows
-            Store.open(data, create=False).close()
+            assert pub.poll() is None and time.monotonic() < deadline, "the publisher stalled"
+            store = Store.open(data, create=False)
+            try:
+                with store.read() as r:
+                    assert r.queue("busy") is not None
+                map_sizes.append(store.usage()["map_size"])
+            finally:
+                store.close()
     finally:
         stop.write_text("stop")
-        pub.communicate(timeout=60)
+        _, err = pub.communicate(timeout=60)
+    assert pub.returncode == 0, err
+    # 5000 messages of 16 KiB need more than the initial 64 MiB map: it grew between opens
+    assert len(map_sizes) >= 2 and map_sizes[0] == 64 << 20
+    assert max(map_sizes) > map_sizes[0]

@@ -191,4 +191,17 @@ def test_queue_show_after_scale_up_of_a_queue_that_had_consumers(run, data):
     with partq.Broker.open(data) as b:
         b.bind("orders", name="svc").unbind()     # persists the queue's assignment state
     ok(run("scale", "orders", "-p", "4", "--yes"))
-    ok(run("queue", "show", "orders"))
+    shown = ok(run("queue", "show", "orders", "--json"))
+    assert shown.stderr == ""                     # no warning: the stored state fits the count
+    doc = json.loads(shown.stdout)
+    assert doc["config"]["partitions"] == 4 and doc["config"]["scaling_status"] == "Ready"
+    st = doc["status"]
+    assert (st["partition_count"], st["scaling_status"], st["rebalance_status"]) == \
+        (4, "Ready", "Ready")
+    assert [(p["partition"], p["status"], p["flow"], p["error"]) for p in st["partitions"]] == \
+        [(p, "Unassigned", None, None) for p in range(4)]     # the 2 new ones included
+    assert st["flows"] == [] and st["delivery_owner"] is None
+    text = ok(run("queue", "show", "orders")).stdout
+    assert "access non-exclusive  partitions 4  depth 0" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[1:2] == ["Unassigned"]]
+    assert [row[0] for row in rows] == ["0", "1", "2", "3"]

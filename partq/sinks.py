@@ -1,7 +1,5 @@
-"""The resumable copy behind ``partq copy-out``: unacked messages of a queue to another queue or
-to a file, re-runnable after any interruption (SIGKILL included) without duplicates or gaps.
-
-How each destination makes a re-run exact:
+"""The destinations of a copy-out (``partq.copyout``): another queue of the same store, or a
+JSON Lines / msgpack file. Each makes a re-run of an interrupted copy exact:
 
 * queue: every batch goes through ``Broker.publish_many(dest, items, checkpoint=(name, pos))``,
   which stores ``pos`` (the last source sequence the batch covers, plus one) in the same
@@ -13,11 +11,9 @@ How each destination makes a re-run exact:
   newline, a partial msgpack object), and starts each partition after its highest seq in the
   file. A file that is not a copy-out file of that queue is refused, never cut.
 
-The upper bound of each partition is its head when the copy starts, so a busy publisher cannot
-keep a copy running forever; run the copy again to take what came since.
-
-The parent queue's log (``partq.PARENT``) is copied like any partition: its checkpoint names and
-file records carry the integer 4294967295 as its partition.
+A sink answers ``resume_after(partition)`` (the last sequence an earlier run covered),
+``copied_before(partition, first)``, ``write(partition, last_seq, items)`` (returns how many it
+wrote), ``describe()`` (the destination, for the report) and ``close()``.
 """
 from __future__ import annotations
 
@@ -28,45 +24,23 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass, field
-from typing import Callable
 
 import msgpack
 
 from partq.config import QueueConfig
-from partq.errors import CorruptRecord
-from partq.storage import Record, decode_record
-from partq.storage.encoding import record_fields
-from partq.tools.common import UserError, describe_os_error
+from partq.errors import CopyOutError, describe_os_error
+from partq.notation import jsonable, partition_label
+from partq.storage import Record
 from partq.storage.encoding import PARENT
-from partq.tools.output import jsonable, partition_label
 
 FORMATS = ("jsonl", "msgpack")
 JSONL_KEYS = ("queue", "queue_id", "partition", "seq", "key", "publish_time_ns", "headers",
               "payload_b64")
 MSGPACK_KEYS = ("queue", "queue_id", "partition", "seq", "key", "publish_time_ns", "headers",
                 "payload")
-READ_WINDOW = 10_000     # records per read snapshot when checking what an earlier run copied
 SCAN_BLOCK = 1 << 20     # bytes read at a time when continuing a msgpack file
 
 
-@dataclass
-class PartitionReport:
-    partition: int
-    start: int                  # first sequence this run looked at
-    end: int                    # last sequence this run may copy (-1: nothing to copy)
-    resumed: bool               # an earlier run had copied up to start
-    copied: int = 0
-    skipped_acked: int = 0
-    skipped_corrupt: list[int] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {"partition": self.partition, "from_seq": self.start, "to_seq": self.end,
-                "resumed": self.resumed, "copied": self.copied,
-                "skipped_acked": self.skipped_acked, "skipped_corrupt": self.skipped_corrupt}
-
-
-# ---------------------------------------------------------------------- destinations
 def checkpoint_name(source_qid: int, partition: int, range_tag: str = "") -> str:
     """The checkpoint a copy of ``partition`` of the queue with id ``source_qid`` keeps in its
     destination queue: the last source sequence copied, plus one. Queue ids are never reused,
@@ -83,13 +57,16 @@ class QueueSink:
         self.source_qid = source.qid
         config = broker.queue_config(dest)  # QueueNotFound if missing
         if not config.ingress_enabled:
-            raise UserError(f"destination queue {dest!r} has ingress disabled, so copied messages "
-                            f"would be lost; enable it with `partq queue update {dest} --ingress on`")
+            raise CopyOutError(f"destination queue {dest!r} has ingress disabled, so copied "
+                               f"messages would be lost; enable it with `partq queue update "
+                               f"{dest} --ingress on`")
 
     def describe(self) -> dict:
+        """The destination, as the copy-out report names it: ``{"to_queue": DEST}``."""
         return {"to_queue": self.dest}
 
     def checkpoint_name(self, partition: int) -> str:
+        """The name of this copy's checkpoint of ``partition`` in the destination queue."""
         return checkpoint_name(self.source_qid, partition, self.range_tag)
 
     def resume_after(self, partition: int) -> int | None:
@@ -105,13 +82,15 @@ class QueueSink:
         return range(first, first if done is None else done + 1)
 
     def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
+        """Publish ``items`` with the checkpoint ``last_seq + 1``, in one commit; returns how
+        many were published."""
         results = self.broker.publish_many(
             self.dest, [(rec.payload, rec.key, rec.headers) for _, rec in items],
             checkpoint=(self.checkpoint_name(partition), last_seq + 1))
         lost = sum(1 for res in results if res.discarded)
         if lost:
             first = items[0][0]
-            raise UserError(
+            raise CopyOutError(
                 f"destination queue {self.dest!r} discarded {lost} copied messages (its ingress was "
                 f"disabled meanwhile): partition {partition_label(partition)} seqs {first} to "
                 f"{last_seq} of {self.source!r}; enable its ingress and copy them again with "
@@ -119,7 +98,7 @@ class QueueSink:
         return len(results)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the broker belongs to the caller."""
 
 
 class FileSink:
@@ -143,11 +122,13 @@ class FileSink:
             self._file = sys.stdout.buffer if self._stream else self._open(overwrite)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UserError(f"{path} is a symbolic link; copy-out writes only the file it is "
-                                f"given: pass the path the link points to") from None
-            raise UserError(describe_os_error(exc, "cannot write")) from None
+                raise CopyOutError(f"{path} is a symbolic link; copy-out writes only the file it "
+                                   f"is given: pass the path the link points to") from None
+            raise CopyOutError(describe_os_error(exc, "cannot write")) from None
 
     def describe(self) -> dict:
+        """The destination, as the copy-out report names it: the file (absolute, or "-"), its
+        format, and what continuing it found (records already there, torn bytes cut)."""
         where = "-" if self._stream else os.path.abspath(self.path)
         return {"to_file": where, "format": self.fmt, "overwritten": self.overwritten,
                 "records_already_in_file": self.records_found, "torn_bytes_cut": self.cut_bytes}
@@ -163,8 +144,8 @@ class FileSink:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise UserError(f"another copy-out is writing {self.path}; wait for it to end, or "
-                                f"pass another --to-file path") from None
+                raise CopyOutError(f"another copy-out is writing {self.path}; wait for it to "
+                                   f"end, or pass another --to-file path") from None
             size = os.fstat(fd).st_size
             if size and overwrite:
                 f.truncate(0)
@@ -183,11 +164,11 @@ class FileSink:
             raise
         return f
 
-    def _refuse(self, where: str, why: str) -> UserError:
-        return UserError(f"{self.path} is not a {self.fmt} copy-out file of queue {self.queue!r} "
-                         f"({where}: {why}); pass a new --to-file path, --overwrite to replace "
-                         f"it, or the file an earlier `partq copy-out {self.queue} --format "
-                         f"{self.fmt}` wrote")
+    def _refuse(self, where: str, why: str) -> CopyOutError:
+        return CopyOutError(f"{self.path} is not a {self.fmt} copy-out file of queue "
+                            f"{self.queue!r} ({where}: {why}); pass a new --to-file path, "
+                            f"--overwrite to replace it, or the file an earlier `partq copy-out "
+                            f"{self.queue} --format {self.fmt}` wrote")
 
     def _check(self, rec, where: str) -> None:
         keys = JSONL_KEYS if self.fmt == "jsonl" else MSGPACK_KEYS
@@ -241,7 +222,7 @@ class FileSink:
                     n += 1
                     self._check(rec, f"record {n}")
                     keep = unpacker.tell()
-            except UserError:
+            except CopyOutError:
                 raise
             except Exception as exc:
                 raise self._refuse(f"record {n + 1}",
@@ -267,6 +248,7 @@ class FileSink:
             raise self._refuse("start of file", "no complete record")
 
     def resume_after(self, partition: int) -> int | None:
+        """The highest sequence of ``partition`` already in the file, or None."""
         return self.last.get(partition)
 
     def copied_before(self, partition: int, first: int) -> list[int]:
@@ -275,6 +257,8 @@ class FileSink:
         return [s for s in self.parent_seqs if s >= first]
 
     def write(self, partition: int, last_seq: int, items: list[tuple[int, Record]]) -> int:
+        """Append ``items`` to the file, flushed and fsynced (a stream: flushed); returns how
+        many were written."""
         if not items:
             return 0
         head = {"queue": self.queue, "queue_id": self.qid, "partition": partition}
@@ -294,35 +278,17 @@ class FileSink:
             if not self._stream:
                 os.fsync(self._file.fileno())
         except OSError as exc:
-            raise UserError(describe_os_error(exc, "cannot write")) from None
+            raise CopyOutError(describe_os_error(exc, "cannot write")) from None
         self.last[partition] = items[-1][0]
         return len(items)
 
     def close(self) -> None:
+        """Close the file (never standard output)."""
         if self._file is not sys.stdout.buffer:
             try:
                 self._file.close()
             except OSError:
                 pass     # a failed write already said why
-
-
-def proven_copied(store, config: QueueConfig, partition: int, seqs: range | list[int]):
-    """Of ``seqs`` (what an earlier run of this copy covered), those it really copied: the
-    unacked records that are sound (a corrupt one was skipped, not copied). Yields them in
-    lists, one per read snapshot."""
-    if not seqs:
-        return
-    members = seqs if isinstance(seqs, range) else set(seqs)
-    pos, end = min(seqs), max(seqs)
-    while pos <= end:
-        with store.read() as r:
-            ack = r.ack_state(config.qid, partition)
-            records = r.records(config.qid, partition, pos, min(READ_WINDOW, end - pos + 1))
-        if not records:
-            return
-        yield [seq for seq, raw in records if seq <= end and seq in members
-               and not ack.is_acked(seq) and record_fields(raw) is not None]
-        pos = records[-1][0] + 1
 
 
 def _select(partition: int) -> str:
@@ -336,71 +302,3 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-# ---------------------------------------------------------------------- the copy
-def plan(store, config: QueueConfig, partitions: list[int], from_seq: int, to_seq: int | None,
-         sink) -> list[PartitionReport]:
-    """Where each partition starts (after what earlier runs copied) and ends (its head now)."""
-    reports = []
-    with store.read() as r:
-        for p in partitions:
-            head = r.head(config.qid, p)
-            floor = r.ack_state(config.qid, p).floor
-            done = sink.resume_after(p)
-            start = max(from_seq, floor, 0 if done is None else done + 1)
-            end = head - 1 if to_seq is None else min(to_seq, head - 1)
-            reports.append(PartitionReport(p, start, end, resumed=done is not None
-                                           and done + 1 > max(from_seq, floor)))
-    return reports
-
-
-def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch: int,
-         skip_corrupt: bool, advance: Callable[[int], None], stop: Callable[[], bool],
-         remove: Callable[[list[int]], None] | None = None) -> None:
-    """Copy every unacked message of each planned partition, batch by batch; ``advance(n)`` is
-    told how many sequences each batch covered; ``stop()`` ends the copy between batches;
-    ``remove(seqs)``, if given, is called with each batch's sequences once its copy is durable
-    (``--move``)."""
-    queue, qid = config.name, config.qid
-    for rep in reports:
-        pos = rep.start
-        while pos <= rep.end:
-            if stop():
-                return
-            with store.read() as r:
-                ack = r.ack_state(qid, rep.partition)
-                records = r.records(qid, rep.partition, pos, min(batch, rep.end - pos + 1))
-            items: list[tuple[int, Record]] = []
-            last = None
-            failure = None
-            for seq, raw in records:
-                if seq > rep.end:
-                    break
-                if ack.is_acked(seq):
-                    rep.skipped_acked += 1
-                    last = seq
-                    continue
-                try:
-                    items.append((seq, decode_record(raw, queue, rep.partition, seq)))
-                except CorruptRecord as exc:
-                    if not skip_corrupt:
-                        failure = exc
-                        break
-                    rep.skipped_corrupt.append(seq)
-                last = seq
-            if last is not None:
-                rep.copied += sink.write(rep.partition, last, items)
-                if remove is not None and items:
-                    remove([seq for seq, _ in items])
-                advance(last - pos + 1)
-                pos = last + 1
-            if failure is not None:
-                raise UserError(
-                    f"corrupt record in queue {queue!r} partition {partition_label(rep.partition)} "
-                    f"seq {failure.seq} "
-                    f"({failure.reason}); everything before it was copied: run copy-out again "
-                    f"with --skip-corrupt to copy past it, and `partq verify {queue}` to list "
-                    f"damaged records")
-            if last is None:
-                break  # nothing left at or below the bound (acked and truncated meanwhile)

@@ -1,0 +1,31 @@
+"""How partq writes values down, for people and for JSON: a partition's label, an error on one
+line, bytes and sets in JSON. Shared by the library's messages and copy-out files and by the
+``partq`` command's output, so both spell a value the same way.
+"""
+from __future__ import annotations
+
+import base64
+
+from partq.storage.encoding import PARENT
+
+
+def partition_label(partition: int) -> str:
+    """A partition as people read it: its number, or ``parent`` for the parent queue's log
+    (``partq.PARENT``, 4294967295, which ``--json`` output and files keep as the integer)."""
+    return "parent" if partition == PARENT else str(partition)
+
+
+def one_line(message: str) -> str:
+    """``message`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(str(message).split())
+
+
+def jsonable(value):
+    """``json.dumps`` default: bytes (in headers, which msgpack allows) become
+    ``{"$base64": "..."}``; sets become sorted lists. Returns the JSON-ready value; raises
+    ``TypeError`` for anything else, as ``json.dumps`` expects."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$base64": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
