@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import BENCH_KEYS, BENCH_PEER_KEYS, check_bench_lines
+
 REPO = Path(__file__).resolve().parents[1]
-KEYS = {"name", "unit", "value", "peer", "peer_value", "ratio"}
+KEYS = BENCH_KEYS | BENCH_PEER_KEYS
 PEERS = {"raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",
          "raw_lmdb_put_batch_1000", "raw_lmdb_partitioned_put_batch_1000", "persistqueue_put",
          "litequeue_put", "redis_xadd",
@@ -64,32 +66,9 @@ def run_quick(tmp: Path, path_env: str | None = None) -> tuple[subprocess.Comple
 
 
 def parse(proc: subprocess.CompletedProcess) -> dict[str, dict]:
-    lines = proc.stdout.splitlines()
-    assert lines, "the bench printed nothing"
-    seen: dict[str, dict] = {}
-    for text in lines:
-        obj = json.loads(text)
-        assert KEYS <= set(obj), text
-        assert isinstance(obj["name"], str) and isinstance(obj["unit"], str) and obj["unit"]
-        assert obj["name"] not in seen, f"{obj['name']} printed twice"
-        if obj.get("skipped") is not None:       # not measured here: a reason, never a number
-            assert isinstance(obj["skipped"], str) and obj["skipped"].strip(), text
-            assert obj["value"] is None and obj["ratio"] is None, text
-        else:
-            assert isinstance(obj["value"], (int, float)) and obj["value"] > 0, text
-        if obj["peer"] is not None:
-            assert obj["peer"] in seen, f"{obj['peer']} is not an earlier result of this run"
-            assert obj["peer_value"] == seen[obj["peer"]]["value"]
-            if obj["peer_value"] is None:        # the peer was skipped: say so, no ratio
-                assert obj["peer_skipped"] == seen[obj["peer"]]["skipped"], text
-                assert obj["ratio"] is None, text
-            elif obj.get("skipped") is None:
-                assert obj["ratio"] == pytest.approx(obj["value"] / obj["peer_value"], abs=1e-3)
-        else:
-            assert obj["peer_value"] is None and obj["ratio"] is None, text
-            assert "peer_skipped" not in obj, text
-        seen[obj["name"]] = obj
-    return seen
+    """Every line has all of KEYS; a peer that was not measured is a ``skipped`` reason, never
+    a number, and the lines comparing with it repeat the reason as ``peer_skipped``."""
+    return check_bench_lines(proc.stdout.splitlines(), keys=KEYS, skips=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 """bench/publish.py runs and prints well-formed JSON lines (no timing is asserted)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import check_bench_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,22 +25,7 @@ def test_publish_bench_quick_prints_json_lines(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "publish.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines, "the bench printed nothing"
-    results = {}
-    for line in lines:
-        obj = json.loads(line)
-        assert {"name", "unit", "value"} <= set(obj), line
-        assert isinstance(obj["name"], str) and isinstance(obj["unit"], str)
-        assert isinstance(obj["value"], (int, float)) and obj["value"] > 0, line
-        if "peer" in obj:
-            assert {"peer_value", "ratio"} <= set(obj), line
-            assert obj["peer"] in results, f"{obj['peer']} is not a result of this run"
-            assert obj["peer_value"] == results[obj["peer"]]["value"]
-            assert obj["ratio"] is not None and obj["ratio"] > 0
-        assert obj["name"] not in results, f"{obj['name']} printed twice"
-        results[obj["name"]] = obj
-    assert set(results) == EXPECTED
+    check_bench_lines(proc.stdout.splitlines(), EXPECTED, ratio_from="measured")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
@@ -50,14 +36,8 @@ def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "encode_cost.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    results = {}
-    for line in proc.stdout.splitlines():
-        obj = json.loads(line)
-        assert obj["value"] > 0, line
-        if "peer" in obj:
-            assert obj["peer_value"] == results[obj["peer"]]["value"], line
-        results[obj["name"]] = obj
-    assert set(results) == {"encode_batch_1000", "decode_record", "record_fields",
-                            "raw_lmdb_put_batch_1000", "partq_publish_many_preencoded_1000",
-                            "partq_publish_many_batch_1000"}
+    check_bench_lines(proc.stdout.splitlines(),
+                      {"encode_batch_1000", "decode_record", "record_fields",
+                       "raw_lmdb_put_batch_1000", "partq_publish_many_preencoded_1000",
+                       "partq_publish_many_batch_1000"}, ratio_from="measured")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"

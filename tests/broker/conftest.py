@@ -1,39 +1,20 @@
-"""Fixtures for the broker tests: real LMDB directories (tmp_path) and a ManualClock."""
+"""Fixtures for the broker tests (``clock``, ``broker``, ``open_broker`` and ``data_dir`` come
+from tests/conftest.py).
+
+STYLE 9: the broker tests run with both unkeyed partitioners. A test that publishes to a
+partitioned queue and checks what is delivered takes ``partitioner`` and creates its queue with
+``partitioner=partitioner``, so it runs once per partitioner: its assertions must hold wherever
+unkeyed messages go. Tests about something else (two processes or brokers sharing a directory,
+an idle flow's CPU, refused binds, exclusive queues, the pure rebalancer core) do not take it,
+nor would a test of one partitioner on purpose (those live in tests/test_partitioners.py).
+"""
 from __future__ import annotations
 
 import pytest
 
-import partq
+UNKEYED_PARTITIONERS = ("random", "sticky")
 
 
-@pytest.fixture
-def clock():
-    return partq.ManualClock(1000.0)
-
-
-@pytest.fixture
-def broker(tmp_path, clock):
-    b = partq.Broker.open(tmp_path / "data", clock=clock)
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def open_broker(data_dir, clock):
-    """``open_broker()`` opens (or reopens) the test directory with the shared ManualClock; every
-    broker opened this way is closed at teardown."""
-    opened: list[partq.Broker] = []
-
-    def _open(**kw) -> partq.Broker:
-        kw.setdefault("clock", clock)
-        b = partq.Broker.open(data_dir, **kw)
-        opened.append(b)
-        return b
-    yield _open
-    for b in opened:
-        b.close()
+@pytest.fixture(params=UNKEYED_PARTITIONERS)
+def partitioner(request) -> str:
+    return request.param

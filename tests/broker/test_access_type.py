@@ -69,8 +69,8 @@ def test_named_consumer_of_an_exclusive_queue_keeps_it_across_a_restart(open_bro
     assert _payloads(got) == [b"m2", b"m3"] and all(m.redelivered for m in got)
 
 
-def test_partitioned_to_exclusive_unbinds_every_flow_and_removes_partitions(broker):
-    broker.create_queue("q", partitions=3)
+def test_partitioned_to_exclusive_unbinds_every_flow_and_removes_partitions(broker, partitioner):
+    broker.create_queue("q", partitions=3, partitioner=partitioner)
     broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(30)])
     flows = [broker.bind("q") for _ in range(2)]
     held = flows[0].receive(5)
@@ -82,7 +82,7 @@ def test_partitioned_to_exclusive_unbinds_every_flow_and_removes_partitions(brok
     flows[0].ack_many(held)       # late acks of removed partitions change nothing and do not fail
     st = broker.queue_status("q")
     assert (st.partition_count, st.depth, st.flows) == (0, 0, [])
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         assert not any(r.has_partition(st_qid(broker), p) for p in range(3))
         assert sum(r.stored_count(st_qid(broker), p) for p in range(3)) == 0
     assert broker.publish("q", b"after", key="k1").partition == PARENT
@@ -94,8 +94,8 @@ def st_qid(broker) -> int:
     return broker.queue_config("q").qid
 
 
-def test_exclusive_to_partitioned_strands_parent_messages(broker):
-    broker.create_queue("q", partitions=2, access_type="exclusive")
+def test_exclusive_to_partitioned_strands_parent_messages(broker, partitioner):
+    broker.create_queue("q", partitions=2, access_type="exclusive", partitioner=partitioner)
     broker.publish_many("q", [(b"old%d" % i, f"k{i}") for i in range(10)])
     flow = broker.bind("q")
     held = flow.receive(4)
@@ -114,7 +114,7 @@ def test_exclusive_to_partitioned_strands_parent_messages(broker):
     # a late ack of a delivered parent message is still recorded (copy-out will skip it)
     flow.ack_many(held[1:3])
     assert broker.queue_status("q").parent_depth == 7
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         ack = r.ack_state(st_qid(broker), PARENT)
     assert [s for s in range(10) if not ack.is_acked(s)] == [3, 4, 5, 6, 7, 8, 9]
     # back to exclusive: the partitions go, and the parent's messages are delivered again
@@ -127,9 +127,10 @@ def test_exclusive_to_partitioned_strands_parent_messages(broker):
     assert got[0].redelivered
 
 
-def test_another_process_change_reaches_the_delivery_owner_on_its_next_tick(open_broker):
+def test_another_process_change_reaches_the_delivery_owner_on_its_next_tick(open_broker,
+                                                                            partitioner):
     owner = open_broker()
-    owner.create_queue("q", partitions=2)
+    owner.create_queue("q", partitions=2, partitioner=partitioner)
     owner.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(8)])
     flow = owner.bind("q", name="svc")
     operator = open_broker()
@@ -177,7 +178,7 @@ def test_delete_queue_removes_the_parent_log(broker):
     qid = st_qid(broker)
     broker.update_queue("q", access_type="non-exclusive")
     broker.delete_queue("q")
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         assert not r.has_partition(qid, PARENT) and r.stored_count(qid, PARENT) == 0
 
 
@@ -208,7 +209,7 @@ def test_ack_parent_removes_stranded_messages_only_on_a_partitioned_queue(broker
 def test_a_damaged_parent_log_is_reported_as_the_parent_queue(broker):
     broker.create_queue("q", access_type="exclusive")
     broker.publish_many("q", [b"a", b"b", b"c"])               # one chunk, seqs 0..2
-    store = broker._store
+    store = broker.store
     with store.env.begin(write=True, db=store.dbs["log"]) as txn:
         txn.put(log_key(st_qid(broker), PARENT, 2), b"\xc1 damaged")
     flow = broker.bind("q")

@@ -18,18 +18,22 @@ import shutil
 import tempfile
 
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 import partq
 from partq import PARENT
+
+from broker_helpers import drain
 
 N = 3
 KEYS = ["a", "b", "c", "d", None]
 
 
 class AccessMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, partitioner: str = "random") -> None:
         super().__init__()
+        self.partitioner = partitioner               # where unkeyed messages go while partitioned
         self.dir = tempfile.mkdtemp(prefix="partq-access-")
         self.clock = partq.ManualClock(100.0)
         self.broker: partq.Broker | None = None
@@ -45,7 +49,8 @@ class AccessMachine(RuleBasedStateMachine):
     def setup(self, exclusive):
         self.broker = partq.Broker.open(self.dir, clock=self.clock, seed=3)
         self.broker.create_queue("q", partitions=N, rebalance_delay=0.0,
-                                 access_type="exclusive" if exclusive else "non-exclusive")
+                                 access_type="exclusive" if exclusive else "non-exclusive",
+                                 partitioner=self.partitioner)
         self.exclusive = exclusive
 
     def teardown(self) -> None:
@@ -55,11 +60,7 @@ class AccessMachine(RuleBasedStateMachine):
                     self.change()
                 for flow in self.flows:
                     flow.unbind()       # their unacked messages come back to the drainer
-                flow = self.broker.bind("q")
-                got = []
-                while batch := flow.receive(100):
-                    got += batch
-                    flow.ack_many(batch)
+                got = drain(self.broker.bind("q"), batch=100)
                 assert sorted(m.seq for m in got) == sorted(self.unacked.get(PARENT, ()))
         finally:
             if self.broker is not None:
@@ -164,7 +165,10 @@ class AccessMachine(RuleBasedStateMachine):
         assert st_.access_type == ("exclusive" if self.exclusive else "non-exclusive")
 
 
-AccessMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-TestAccessMachine = AccessMachine.TestCase
+SETTINGS = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_access_machine(partitioner):
+    """The machine once per unkeyed partitioner (tests/broker/conftest.py)."""
+    run_state_machine_as_test(lambda: AccessMachine(partitioner), settings=SETTINGS)

@@ -38,8 +38,9 @@ KEY_B = pick_key(1, 2, ["B", "BB", "B0", "cust-B", "B_"])
 
 
 # ---------------------------------------------------------------------- seed 003
-def test_seed003_seven_partitions_three_then_four_flows(broker, clock):
-    broker.create_queue("q", partitions=7, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def test_seed003_seven_partitions_three_then_four_flows(broker, clock, partitioner):
+    broker.create_queue("q", partitions=7, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     f1 = broker.bind("q")
     assert f1.partitions == frozenset(range(7))
     f2 = broker.bind("q")
@@ -96,8 +97,9 @@ def test_seed003_seven_partitions_three_then_four_flows(broker, clock):
             assert not m.redelivered
 
 
-def test_seed003_excess_consumer_is_standby_and_takes_over_at_once(broker, clock):
-    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def test_seed003_excess_consumer_is_standby_and_takes_over_at_once(broker, clock, partitioner):
+    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     c1 = broker.bind("q")
     c2 = broker.bind("q")
     clock.advance(DELAY)
@@ -148,11 +150,12 @@ def test_partition_count_change_rebalances_at_once(broker, clock):
 
 
 # ---------------------------------------------------------------------- seed 000
-def seed000_setup(broker):
+def seed000_setup(broker, partitioner):
     """Consumer 1 holds both partitions, has received A1..A3 (acked) and B1, B2 (not acked);
     B3 is in partition 1, undelivered."""
     assert partq.key_partition(KEY_A, 2) == 0 and partq.key_partition(KEY_B, 2) == 1
-    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     c1 = broker.bind("q", name="consumer-1")
     assert c1.partitions == frozenset({0, 1})
     for i in (1, 2, 3):
@@ -188,8 +191,8 @@ def check_p0_untouched(broker, c1, tag):
     c1.ack_many(got)
 
 
-def test_seed000_graceful_handoff(broker, clock):
-    c1, c2, bs = seed000_setup(broker)
+def test_seed000_graceful_handoff(broker, clock, partitioner):
+    c1, c2, bs = seed000_setup(broker, partitioner)
     # (before the pause consumer 1 may still take B3: nothing is paused yet)
     assert part_statuses(broker, "q") == ["Ready", "Ready"]
 
@@ -239,8 +242,8 @@ def test_seed000_graceful_handoff(broker, clock):
     assert broker.queue_status("q").depth == 0
 
 
-def test_seed000_handoff_timeout_redelivers_in_order(broker, clock):
-    c1, c2, bs = seed000_setup(broker)
+def test_seed000_handoff_timeout_redelivers_in_order(broker, clock, partitioner):
+    c1, c2, bs = seed000_setup(broker, partitioner)
     clock.advance(DELAY)
     broker.tick()
     assert part_statuses(broker, "q") == ["Ready", "Paused"]
@@ -274,11 +277,11 @@ def test_seed000_handoff_timeout_redelivers_in_order(broker, clock):
     assert c2.receive(100) == []
 
 
-def test_seed000_late_ack_after_timeout_is_fenced(broker, clock):
+def test_seed000_late_ack_after_timeout_is_fenced(broker, clock, partitioner):
     """S33: consumer 1 finishes B1, B2 after its handoff timed out and partition 1 moved: the
     acks change nothing (FlowFenced names the messages) and consumer 2 gets B1, B2 redelivered,
     in order, before B3."""
-    c1, c2, bs = seed000_setup(broker)
+    c1, c2, bs = seed000_setup(broker, partitioner)
     clock.advance(DELAY)
     broker.tick()
     clock.advance(HANDOFF)
@@ -295,10 +298,11 @@ def test_seed000_late_ack_after_timeout_is_fenced(broker, clock):
 
 
 # ---------------------------------------------------------------------- seed 004: consumer loss
-def two_consumers(broker, clock):
+def two_consumers(broker, clock, partitioner):
     """4 partitions, consumers a and b with two each; every partition has two unacked messages
     delivered to its owner."""
-    broker.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    broker.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     a = broker.bind("q")
     b = broker.bind("q")
     clock.advance(DELAY)
@@ -313,8 +317,8 @@ def two_consumers(broker, clock):
     return a, b, a_got, b_got
 
 
-def test_seed004_api_reconnect_within_delay_with_hint(broker, clock):
-    a, b, a_got, _ = two_consumers(broker, clock)
+def test_seed004_api_reconnect_within_delay_with_hint(broker, clock, partitioner):
+    a, b, a_got, _ = two_consumers(broker, clock, partitioner)
     hint = a.partitions
     before = owners(broker, "q")
     a.unbind()                                       # connectivity lost
@@ -344,8 +348,8 @@ def test_seed004_api_reconnect_within_delay_with_hint(broker, clock):
     assert all(p.status == "Ready" for p in broker.queue_status("q").partitions)
 
 
-def test_seed004_restart_within_delay_without_hint(broker, clock):
-    a, b, a_got, _ = two_consumers(broker, clock)
+def test_seed004_restart_within_delay_without_hint(broker, clock, partitioner):
+    a, b, a_got, _ = two_consumers(broker, clock, partitioner)
     b_parts = b.partitions
     a.unbind()
     clock.advance(1.0)
@@ -368,8 +372,8 @@ def test_seed004_restart_within_delay_without_hint(broker, clock):
     assert all(m.redelivered for m in got)
 
 
-def test_seed004_restart_after_delay_hint_ignored(broker, clock):
-    a, b, _, b_got = two_consumers(broker, clock)
+def test_seed004_restart_after_delay_hint_ignored(broker, clock, partitioner):
+    a, b, _, b_got = two_consumers(broker, clock, partitioner)
     hint = a.partitions
     a.unbind()
     clock.advance(DELAY)
@@ -391,8 +395,8 @@ def test_seed004_restart_after_delay_hint_ignored(broker, clock):
     assert all(p.status == "Ready" for p in st.partitions)
 
 
-def test_seed004_hint_after_delay_ignored_even_if_no_timer_ran_yet(broker, clock):
-    a, b, _, b_got = two_consumers(broker, clock)
+def test_seed004_hint_after_delay_ignored_even_if_no_timer_ran_yet(broker, clock, partitioner):
+    a, b, _, b_got = two_consumers(broker, clock, partitioner)
     b.ack_many(b_got)
     hint = a.partitions
     a.unbind()
@@ -403,8 +407,8 @@ def test_seed004_hint_after_delay_ignored_even_if_no_timer_ran_yet(broker, clock
     assert a2.partitions != hint
 
 
-def test_seed004_consumer_never_returns(broker, clock):
-    a, b, a_got, b_got = two_consumers(broker, clock)
+def test_seed004_consumer_never_returns(broker, clock, partitioner):
+    a, b, a_got, b_got = two_consumers(broker, clock, partitioner)
     a.unbind()
     clock.advance(DELAY - 0.01)
     broker.tick()
@@ -424,8 +428,9 @@ def test_seed004_consumer_never_returns(broker, clock):
 
 
 # ---------------------------------------------------------------------- S17: broker restart
-def named_pair(b, clock):
-    b.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def named_pair(b, clock, partitioner):
+    b.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                   partitioner=partitioner)
     x = b.bind("q", name="svc-x")
     y = b.bind("q", name="svc-y")
     clock.advance(DELAY)
@@ -441,9 +446,10 @@ def named_pair(b, clock):
     return x, y, x_got, y_got
 
 
-def test_s17_named_consumers_get_their_partitions_back_after_broker_restart(open_broker, clock):
+def test_s17_named_consumers_get_their_partitions_back_after_broker_restart(open_broker, clock,
+                                                                            partitioner):
     b = open_broker()
-    x, y, x_got, y_got = named_pair(b, clock)
+    x, y, x_got, y_got = named_pair(b, clock, partitioner)
     x_parts, y_parts = x.partitions, y.partitions
     names_before = [p.flow_name for p in b.queue_status("q").partitions]
     b.close()
@@ -487,9 +493,9 @@ def test_s17_named_consumers_get_their_partitions_back_after_broker_restart(open
     assert b.queue_status("q").depth == 0
 
 
-def test_s17_only_one_named_consumer_returns(open_broker, clock):
+def test_s17_only_one_named_consumer_returns(open_broker, clock, partitioner):
     b = open_broker()
-    x, y, _, y_got = named_pair(b, clock)
+    x, y, _, y_got = named_pair(b, clock, partitioner)
     x_parts = x.partitions
     b.close()
     b = open_broker()
@@ -512,9 +518,9 @@ def test_s17_only_one_named_consumer_returns(open_broker, clock):
     assert len(y3.partitions) == 2 and len(x2.partitions) == 2
 
 
-def test_s17_statuses_after_restart_reflect_state(open_broker, clock):
+def test_s17_statuses_after_restart_reflect_state(open_broker, clock, partitioner):
     b = open_broker()
-    x, y, _, _ = named_pair(b, clock)
+    x, y, _, _ = named_pair(b, clock, partitioner)
     b.close()
     b = open_broker()
     st = b.queue_status("q")
@@ -530,9 +536,10 @@ def test_s17_statuses_after_restart_reflect_state(open_broker, clock):
                                                         "svc-y": sorted(y2.partitions)}
 
 
-def test_s17_statuses_after_restart_are_unbound_until_consumers_return(open_broker, clock):
+def test_s17_statuses_after_restart_are_unbound_until_consumers_return(open_broker, clock,
+                                                                         partitioner):
     b = open_broker()
-    named_pair(b, clock)
+    named_pair(b, clock, partitioner)
     b.close()
     b = open_broker()
     st = b.queue_status("q")
@@ -540,9 +547,9 @@ def test_s17_statuses_after_restart_are_unbound_until_consumers_return(open_brok
     assert [p.status for p in st.partitions] == ["Unbound"] * 4
 
 
-def test_restart_during_handoff_status(open_broker, clock):
+def test_restart_during_handoff_status(open_broker, clock, partitioner):
     b = open_broker()
-    c1, c2, bs = seed000_setup(b)
+    c1, c2, bs = seed000_setup(b, partitioner)
     clock.advance(DELAY)
     b.tick()
     assert part_statuses(b, "q") == ["Ready", "Paused"]
@@ -553,11 +560,11 @@ def test_restart_during_handoff_status(open_broker, clock):
     assert st.rebalance_status != "Rebalancing"
 
 
-def test_s17_holddown_after_restart_runs_from_the_first_bind(open_broker, clock):
+def test_s17_holddown_after_restart_runs_from_the_first_bind(open_broker, clock, partitioner):
     """Delivery is taken at the first bind after a restart (never at open: an inspecting
     process must not take the lock), and the delay for returning consumers runs from there."""
     b = open_broker()
-    x, y, _, _ = named_pair(b, clock)
+    x, y, _, _ = named_pair(b, clock, partitioner)
     held_x = x.partitions
     b.close()
     b = open_broker()
@@ -570,11 +577,11 @@ def test_s17_holddown_after_restart_runs_from_the_first_bind(open_broker, clock)
     assert x2.partitions == frozenset(range(4))
 
 
-def test_restart_during_handoff_named_consumers_recover(open_broker, clock):
+def test_restart_during_handoff_named_consumers_recover(open_broker, clock, partitioner):
     """A broker closed in the middle of the seed-000 handoff: the partition stays with its source
     (consumer 1), whose unacked B1, B2 come back to it marked redelivered, then B3 in order."""
     b = open_broker()
-    c1, c2, bs = seed000_setup(b)
+    c1, c2, bs = seed000_setup(b, partitioner)
     clock.advance(DELAY)
     b.tick()
     b.close()
@@ -593,8 +600,9 @@ def test_restart_during_handoff_named_consumers_recover(open_broker, clock):
 
 
 # ---------------------------------------------------------------------- consumer changes mid-handoff
-def test_consumer_bound_during_handoff_gets_partitions(broker, clock):
-    broker.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def test_consumer_bound_during_handoff_gets_partitions(broker, clock, partitioner):
+    broker.create_queue("q", partitions=4, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     c1 = broker.bind("q")
     broker.publish_many("q", [(b"m", f"k{i}") for i in range(40)])
     got = c1.receive(100)                       # unacked: the handoffs must wait
@@ -612,8 +620,9 @@ def test_consumer_bound_during_handoff_gets_partitions(broker, clock):
     assert all(s == "Ready" for s in part_statuses(broker, "q"))
 
 
-def test_handoff_target_unbinding_lets_standby_take_over(broker, clock):
-    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def test_handoff_target_unbinding_lets_standby_take_over(broker, clock, partitioner):
+    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     c1 = broker.bind("q")
     broker.publish_many("q", [(b"m", f"k{i}") for i in range(20)])
     got = c1.receive(100)

@@ -25,7 +25,8 @@ import shutil
 import tempfile
 
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule)
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 import partq
 
@@ -38,8 +39,9 @@ SLOTS = range(5)          # consumer slots; more slots than partitions gives sta
 
 
 class BrokerMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, partitioner: str = "random") -> None:
         super().__init__()
+        self.partitioner = partitioner                   # where unkeyed messages go
         self.dir = tempfile.mkdtemp(prefix="partq-sm-")
         self.clock = partq.ManualClock(100.0)
         self.broker: partq.Broker | None = None
@@ -64,7 +66,8 @@ class BrokerMachine(RuleBasedStateMachine):
         self.max_unacked = max_unacked
         self.broker = partq.Broker.open(self.dir, clock=self.clock, seed=7)
         self.broker.create_queue("q", partitions=n, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
-                                 max_delivered_unacked_per_flow=max_unacked)
+                                 max_delivered_unacked_per_flow=max_unacked,
+                                 partitioner=self.partitioner)
         # Start from a busy queue: some consumers bound, messages waiting.
         for slot in range(initial):
             self.do_bind(slot, named=slot % 2 == 0)
@@ -337,7 +340,10 @@ class BrokerMachine(RuleBasedStateMachine):
         assert self.status().depth == 0
 
 
-BrokerMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-TestBrokerMachine = BrokerMachine.TestCase
+SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def test_broker_machine(partitioner):
+    """The machine once per unkeyed partitioner (tests/broker/conftest.py)."""
+    run_state_machine_as_test(lambda: BrokerMachine(partitioner), settings=SETTINGS)

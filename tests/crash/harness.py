@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import partq
 
 import checker
+from helpers import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"pub": "publisher", "con": "consumer", "scale": "scaler"}
@@ -242,6 +243,8 @@ class Round:
         plan = list(self.scale_plan)
         try:
             while time.monotonic() - t0 < self.duration or self.scaling:
+                # the schedule's clock: a random pause between looks, so kills land at random
+                # moments of the processes' work (the randomness is the point, not a wait)
                 time.sleep(self.rng.uniform(0.002, 0.02))
                 self._reap()
                 now = time.monotonic()
@@ -265,14 +268,17 @@ class Round:
         drain_log = os.path.join(self.logs, "zz-drain.jsonl")
         drain_err = os.path.join(self.errs, "drain.err")
         pid = self.sp.spawn("drain", [self.data, drain_log, "--timeout", "60"], None, drain_err)
-        deadline = time.monotonic() + 90
-        status = None
-        while status is None:
-            time.sleep(0.02)
-            status = self.sp.poll().get(pid)
-            if status is None and time.monotonic() > deadline:
-                self.sp.kill(pid)
-                status = "hung"
+        exited: dict[int, int] = {}
+
+        def drain_exited() -> bool:
+            exited.update(self.sp.poll())
+            return pid in exited
+        try:
+            wait_until(drain_exited, 90, "the drain process to exit")
+            status = exited[pid]
+        except AssertionError:
+            self.sp.kill(pid)
+            status = "hung"
         if status != 0:
             with open(drain_err, "rb") as f:
                 raise RoundFailed(f"drain failed ({status}): "

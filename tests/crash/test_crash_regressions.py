@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-
+from functools import partial
 
 import partq
+
+import helpers
 
 
 def key_for(partition: int, partitions: int) -> str:
@@ -19,15 +21,9 @@ def key_for(partition: int, partitions: int) -> str:
                 if partq.key_partition(k, partitions) == partition)
 
 
-def drain(flow, rounds: int = 20) -> list:
-    out = []
-    for _ in range(rounds):
-        msgs = flow.receive(1000, timeout=0.05)
-        if not msgs and out:
-            break
-        out += msgs
-        flow.ack_many(msgs)
-    return out
+# receive and ack until a 50 ms receive is empty; an empty receive before the first message does
+# not end it (at most 20 receives in all)
+drain = partial(helpers.drain, timeout=0.05, max_rounds=20, at_least=1)
 
 
 # ---------------------------------------------------------------------- bug 1

@@ -2,16 +2,9 @@
 happened, so no primary or standby outlives its test."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-# the helpers and process scripts live next to this file; make them importable whatever
-# pytest's import mode (importlib mode does not put test folders on sys.path)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from repl_helpers import Proc  # noqa: E402
+from repl_helpers import Proc   # tests/replication is on sys.path: pyproject.toml's pythonpath
 
 
 class Procs:

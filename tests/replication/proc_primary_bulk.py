@@ -23,6 +23,7 @@ import threading
 import time
 
 import partq
+from helpers import wait_until
 from repl_helpers import key, payload, write_json
 
 BATCH = 500
@@ -58,7 +59,7 @@ def main() -> int:
         while True:
             write_json(os.path.join(workdir, "status.json"),
                        dict(broker.replication_status().as_dict(), time=time.time()))
-            if stop.wait(0.05):
+            if stop.wait(0.05):     # the report pace
                 return
 
     consumer = threading.Thread(target=consume, daemon=True)
@@ -121,13 +122,17 @@ def main() -> int:
     # settle: stop consuming (flows stay bound), let any handoff finish, so nothing writes again
     consuming.clear()
     consumer.join()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    last_head = [None]
+
+    def settled() -> bool:
+        """Every partition Ready, and no commit since the previous look (0.3 s ago)."""
         st = broker.queue_status("orders")
-        if st.rebalance_status == "Ready" and all(p.status == "Ready" for p in st.partitions):
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
+        head = broker.replication_status().head_lsn
+        quiet, last_head[0] = head == last_head[0], head
+        return (quiet and st.rebalance_status == "Ready"
+                and all(p.status == "Ready" for p in st.partitions))
+    wait_until(settled, 20, "the queue to settle, every partition Ready and no more commits",
+               interval=0.3)
     st = broker.replication_status()
     write_json(os.path.join(workdir, "done.json"),
                {"published": idx, "acked": acked[0], "head_lsn": st.head_lsn,

@@ -21,6 +21,7 @@ import threading
 import time
 
 import partq
+from helpers import wait_until
 from partq.replication import ReplicationTimeout
 from repl_helpers import key, payload, read_log, write_json
 
@@ -35,18 +36,15 @@ def main() -> int:
     if not any(q.name == "q" for q in broker.queues()):   # a restarted primary has it
         broker.create_queue("q", partitions=4)
     deadline = time.monotonic() + 60
-    while not broker.replication_status().connected:
-        if time.monotonic() > deadline:
-            raise SystemExit("no standby connected within 60 s")
-        time.sleep(0.01)
+    wait_until(lambda: broker.replication_status().connected, 60, "a standby to connect",
+               interval=0.01)
     broker.update_queue("q", max_handoff_time=2.0)   # a first LSN, after the standby's snapshot
-    while True:
+
+    def caught_up() -> bool:
         st = broker.replication_status()
-        if st.connected and st.applied_lsn >= st.head_lsn > 0:
-            break
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no standby caught up within 60 s: {st}")
-        time.sleep(0.01)
+        return st.connected and st.applied_lsn >= st.head_lsn > 0
+    wait_until(caught_up, max(0.0, deadline - time.monotonic()), "a standby to catch up",
+               interval=0.01)
 
     log_path = os.path.join(workdir, "log")
     done = read_log(log_path)
@@ -91,7 +89,7 @@ def main() -> int:
             st = broker.replication_status()
             write_json(os.path.join(workdir, "status.json"),
                        dict(st.as_dict(), returned=count, timeouts=timeouts[0], time=time.time()))
-            time.sleep(0.02)
+            time.sleep(0.02)           # the report pace (see the docstring), not a wait
 
     write_json(os.path.join(workdir, "ready.json"), {"pid": os.getpid()})
     workers = [threading.Thread(target=publisher, args=(n,), daemon=True) for n in range(threads)]

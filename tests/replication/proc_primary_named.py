@@ -18,6 +18,7 @@ import sys
 import time
 
 import partq
+from helpers import wait_until
 from repl_helpers import key, payload, write_json
 
 
@@ -28,24 +29,23 @@ def main() -> int:
     broker.create_queue("orders", partitions=8, rebalance_delay=0.2, max_handoff_time=0.5)
     flows = {name: broker.bind("orders", name=name) for name in ("a", "b", "c")}
     flows["hint"] = broker.bind("orders")
-    deadline = time.monotonic() + 30
-    while not (broker.queue_status("orders").rebalance_status == "Ready"
-               and all(len(f.partitions) == 2 for f in flows.values())):
+    def balanced() -> bool:
+        if (broker.queue_status("orders").rebalance_status == "Ready"
+                and all(len(f.partitions) == 2 for f in flows.values())):
+            return True
         for f in flows.values():
             f.ack_many(f.receive(100))
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no balanced assignment: {broker.queue_status('orders')}")
-        time.sleep(0.02)
+        return False
+    wait_until(balanced, 30, "a balanced assignment (2 partitions per flow)")
     broker.update_queue("orders", rebalance_delay=20.0)
     broker.publish_many("orders", [(payload(i), key(i)) for i in range(800)])
     for f in flows.values():
         got = f.receive(1000)
         f.ack_many(got[::2])
-    while True:
+    def caught_up():
         st = broker.replication_status()
-        if st.connected and st.applied_lsn >= st.head_lsn:
-            break
-        time.sleep(0.01)
+        return st if st.connected and st.applied_lsn >= st.head_lsn else None
+    st = wait_until(caught_up, 60, "a standby to apply everything", interval=0.01)
     status = broker.queue_status("orders")
     write_json(os.path.join(workdir, "ready.json"), {
         "assignment": {name: sorted(f.partitions) for name, f in flows.items()},
@@ -55,7 +55,7 @@ def main() -> int:
         "depths": [p.depth for p in status.partitions],
     })
     while True:
-        time.sleep(1)
+        time.sleep(1)       # idle, serving the standby, until the test SIGKILLs this primary
 
 
 if __name__ == "__main__":

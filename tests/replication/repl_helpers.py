@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgpack
@@ -94,7 +93,9 @@ class Proc:
     def __init__(self, workdir: Path, name: str, script: str, *args) -> None:
         self.name = name
         self.out = Path(workdir) / f"{name}.out"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(HERE))
+        # the scripts import this module and tests/helpers.py (wait_until) by name
+        path = [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(filter(None, path)))
         with open(self.out, "ab") as out:
             self.popen = subprocess.Popen([PY, str(HERE / script), *map(str, args)],
                                           stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -138,22 +139,6 @@ class Proc:
             raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}")
 
 
-def wait_until(cond, timeout: float, what: str, interval: float = 0.02, procs=()):
-    """Poll ``cond()`` until it returns something truthy; fail with ``what`` after ``timeout``.
-    Fails early, with its output, when one of ``procs`` died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        for p in procs:
-            p.check_alive()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" +
-                                 "".join(f"\n--- {p.name}:\n{p.tail()}" for p in procs))
-        time.sleep(interval)
-
-
 # ---------------------------------------------------------------------- stores
 @contextlib.contextmanager
 def open_store(path):
@@ -167,8 +152,9 @@ def open_store(path):
 
 
 def dump_db(store, name: str) -> dict[bytes, bytes]:
-    with store.read() as r:
-        return {bytes(k): bytes(v) for k, v in r._txn.cursor(db=store.dbs[name])}
+    """Every key and value of one of the store's LMDB databases, raw."""
+    with store.env.begin(db=store.dbs[name]) as txn:
+        return {bytes(k): bytes(v) for k, v in txn.cursor()}
 
 
 def meta_of(path) -> dict[bytes, bytes]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 import partq
-from repl_helpers import compare_stores, wait_until
+from helpers import wait_until
+from repl_helpers import compare_stores
 
 
 @pytest.mark.timeout(60)
 def test_access_type_changes_replicate_byte_for_byte(tmp_path):
     p = partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0")
-    s = partq.Broker.open(tmp_path / "standby", standby_of=p._replication.address)
+    s = partq.Broker.open(tmp_path / "standby", standby_of=p.replication_address)
     try:
         p.create_queue("q", partitions=3)
         p.publish_many("q", [(b"a%d" % i, f"k{i}") for i in range(300)])

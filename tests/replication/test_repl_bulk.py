@@ -12,8 +12,9 @@ import msgpack
 from partq.storage.txn import queue_meta_key
 import pytest
 
+from helpers import wait_until
 from repl_helpers import (compare_stores, free_port, meta_of, read_json, read_log,
-                          stored_payloads, payload, snapshot_queues, u64, wait_until)
+                          stored_payloads, payload, snapshot_queues, u64)
 
 COUNT = 100_000
 SEED = int(os.environ.get("PARTQ_REPL_SEED", "20240527"))
@@ -51,7 +52,7 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
                    120, f"{frac:.0%} published", procs=[primary, standby])
         standby.kill()
         kills.append(progress())
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(rng.uniform(0.0, 0.5))     # down for a random while as the primary goes on
         standby, status = start_standby()
 
     done = wait_until(lambda: (sample(status), read_json(tmp_path / "done.json"))[1], 180,

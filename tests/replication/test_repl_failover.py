@@ -14,8 +14,9 @@ import time
 import pytest
 
 import partq
+from helpers import wait_until
 from repl_helpers import (compare_stores, free_port, payload, read_json, read_log, snapshot_queues,
-                          stored_payloads, wait_until)
+                          stored_payloads)
 
 SEED = int(os.environ.get("PARTQ_REPL_SEED", "20240527"))
 
@@ -35,16 +36,17 @@ def _run_round(tmp_path, procs, mode: str, rng: random.Random, n: int):
     wait_until(lambda: read_json(work / "ready.json"), 60, "the primary to see its standby",
                procs=[primary, standby])
     wait_until(lambda: len(read_log(work / "log")) > 0, 30, "a first publish", procs=[primary])
-    time.sleep(rng.uniform(0.2, 1.2))
+    time.sleep(rng.uniform(0.2, 1.2))   # publishing for a random while: the kill's moment matters
     stalled = n % 2 == 1
     if stalled:
         # the standby stalls (SIGSTOP) while the primary goes on: in async mode publishes keep
         # returning and the lag grows; in sync mode they must not return
         standby.pause()
-        time.sleep(rng.uniform(0.05, 0.3))
+        time.sleep(rng.uniform(0.05, 0.3))    # stalled for a random while before the kill
     primary.check_alive()
     primary.kill()
-    time.sleep(rng.uniform(0.0, 0.2))   # the standby may still be applying what it received
+    # a random moment to kill the standby too: it may still be applying what it received
+    time.sleep(rng.uniform(0.0, 0.2))
     standby.check_alive()
     standby.kill()
     return work, pdir, sdir, stalled
@@ -146,7 +148,7 @@ def test_primary_killed_and_restarted_standby_resumes(tmp_path, procs):
         wait_until(lambda: read_json(tmp_path / "ready.json"), 60, "the standby caught up",
                    procs=[primary, standby])
         if n < 2:
-            time.sleep(rng.uniform(0.3, 1.0))
+            time.sleep(rng.uniform(0.3, 1.0))   # publishing for a random while, then killed
             primary.kill()
             (tmp_path / "ready.json").unlink()
     assert standby.stop() == 0

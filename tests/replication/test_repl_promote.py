@@ -8,7 +8,8 @@ import time
 import pytest
 
 import partq
-from repl_helpers import (compare_stores, free_port, key, payload, read_json, wait_until)
+from helpers import wait_until
+from repl_helpers import compare_stores, free_port, key, payload, read_json
 
 
 def _start_primary(tmp_path, procs):
@@ -152,8 +153,8 @@ def test_second_standby_follows_promoted_standby(tmp_path, procs):
     try:
         p.create_queue("q", partitions=2)
         p.publish_many("q", [(payload(i), key(i)) for i in range(100)])
-        a = procs.start("A", "proc_standby.py", adir, p._replication.address, tmp_path / "A.json")
-        b = procs.start("B", "proc_standby.py", bdir, p._replication.address, tmp_path / "B.json")
+        a = procs.start("A", "proc_standby.py", adir, p.replication_address, tmp_path / "A.json")
+        b = procs.start("B", "proc_standby.py", bdir, p.replication_address, tmp_path / "B.json")
         for s in (a, b):
             wait_until(lambda: "loaded a" in s.tail(), 30, f"{s.name}'s snapshot", procs=[s])
         wait_until(lambda: sum(link.connected for link in p.replication_status().standbys) == 2,
@@ -170,14 +171,19 @@ def test_second_standby_follows_promoted_standby(tmp_path, procs):
         promoted.promote()
     promoted = partq.Broker.open(adir, replication_listen="127.0.0.1:0")
     try:
-        b = procs.start("B2", "proc_standby.py", bdir, promoted._replication.address,
+        b = procs.start("B2", "proc_standby.py", bdir, promoted.replication_address,
                         tmp_path / "B2.json")
 
         def b_caught_up():
             st = promoted.replication_status()
             return st.standbys and st.connected and st.applied_lsn >= st.head_lsn
         wait_until(b_caught_up, 30, "B to catch up with A", procs=[b])
-        time.sleep(0.5)
+        head = promoted.replication_status().head_lsn
+
+        def b_says_caught_up():                 # and B itself reports it, linked to A
+            st = read_json(tmp_path / "B2.json") or {}
+            return st.get("connected") and st.get("applied_lsn", -1) >= head
+        wait_until(b_says_caught_up, 30, "B to report that it caught up with A", procs=[b])
         assert b.stop() == 0
     finally:
         promoted.close()

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 import partq
-from repl_helpers import compare_stores, key, payload, read_json, wait_until
+from helpers import wait_until
+from repl_helpers import compare_stores, key, payload, read_json
 
 
 def _primary_with_data(path) -> partq.Broker:
@@ -24,7 +25,7 @@ def test_standby_readable_while_snapshot_installs(tmp_path):
     errors: list[str] = []
     try:
         for attempt in range(3):
-            s = partq.Broker.open(tmp_path / f"standby{attempt}", standby_of=p._replication.address)
+            s = partq.Broker.open(tmp_path / f"standby{attempt}", standby_of=p.replication_address)
             stop = threading.Event()
 
             def poll():
@@ -57,7 +58,7 @@ def test_standby_readable_while_snapshot_installs(tmp_path):
 @pytest.mark.timeout(60)
 def test_standby_crash_inside_snapshot_install_recovers(tmp_path, procs):
     p = _primary_with_data(tmp_path / "primary")
-    address = p._replication.address
+    address = p.replication_address
     try:
         s = procs.start("standby1", "proc_standby.py", tmp_path / "standby", address,
                         tmp_path / "s1.json", "crash-after-snapshot-replace")
@@ -86,7 +87,7 @@ def test_primary_reports_caught_up_only_when_the_standby_has_the_data(tmp_path, 
         p.create_queue("q", partitions=4)
         for i in range(40):
             p.publish_many("q", [(payload(j), key(j)) for j in range(i * 1000, i * 1000 + 1000)])
-        s = procs.start("standby", "proc_standby.py", tmp_path / "standby", p._replication.address,
+        s = procs.start("standby", "proc_standby.py", tmp_path / "standby", p.replication_address,
                         tmp_path / "s.json")
 
         def caught_up():

@@ -23,7 +23,8 @@ import pytest
 import partq
 from partq.wire import MAX_FRAME, recv_frame, send_frame
 from partq.storage.encoding import unpack_u64
-from repl_helpers import compare_stores, key, payload, read_json, wait_until
+from helpers import wait_until
+from repl_helpers import compare_stores, key, payload, read_json
 
 HEADER = struct.Struct(">II")
 
@@ -33,7 +34,7 @@ def _build_source(path) -> list[bytes]:
     publishes, a bound flow's state blob, delivered marks and acks. Returns the log's entries."""
     b = partq.Broker.open(path, clock=partq.ManualClock(1000.0))
     try:
-        b._store.write(lambda w: w.put_local_meta(b"slots", msgpack.packb({"fake": 0})))
+        b.store.write(lambda w: w.put_local_meta(b"slots", msgpack.packb({"fake": 0})))
         b.create_queue("orders", partitions=3)
         for i in range(6):
             b.publish_many("orders", [(payload(j), key(j)) for j in range(i * 40, i * 40 + 40)])
@@ -43,8 +44,9 @@ def _build_source(path) -> list[bytes]:
             msgs = flow.receive(30)
             flow.ack_many(msgs[::2])
         b.publish_many("orders", [(payload(j), None) for j in range(2000, 2050)])
-        with b._store.read() as r:
-            entries = [bytes(v) for _, v in r._txn.cursor(db=r._dbs["changes"])]
+        with b.store.read() as r:
+            first = r.first_change_lsn()
+            entries = [] if first is None else r.changes_after(first - 1, 1 << 30, 1 << 62)
     finally:
         b.close()
     assert [msgpack.unpackb(e)[0] for e in entries] == list(range(1, len(entries) + 1))
@@ -177,7 +179,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
         while not fake.stop.is_set():
             send_frame(conn, dict(_changes(entries[-1:]), type="heartbeat", entries=[]))
             acks.append(recv_frame(conn)["lsn"])
-            time.sleep(0.05)
+            time.sleep(0.05)          # a fake primary's heartbeat pace, not a wait
 
     bad = [valid_then_bad_crc, truncated_body, truncated_header, oversized, undecodable,
            not_a_frame_type, gap, damaged_snapshot_chunk, snapshot_with_bad_checksum]
@@ -187,7 +189,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
     opened: dict = {}
 
     def state():
-        with opened["standby"]._store.read() as r:
+        with opened["standby"].store.read() as r:
             heads = [r.head(1, p) for p in range(3)]
             return unpack_u64(r.meta(b"applied_lsn")), heads, r.meta(b"msgs_total")
 
@@ -199,7 +201,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
     def sample():
         while not sampling.is_set():
             applied_seen.append(standby.replication_status().applied_lsn)
-            time.sleep(0.002)
+            time.sleep(0.002)         # the sampling pace, not a wait
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -240,12 +242,12 @@ def test_standby_refuses_publish_bind_and_queue_changes(tmp_path, procs):
     try:
         primary.create_queue("orders", partitions=2)
         primary.publish("orders", b"hello", key="k")
-        standby = partq.Broker.open(tmp_path / "standby", standby_of=primary._replication.address)
+        standby = partq.Broker.open(tmp_path / "standby", standby_of=primary.replication_address)
         try:
             wait_until(lambda: _quiet(lambda: standby.replication_status().connected
                                       and standby.queues()), 30, "the standby's snapshot")
             st = standby.replication_status()
-            assert st.role == "standby" and st.primary == primary._replication.address
+            assert st.role == "standby" and st.primary == primary.replication_address
             _assert_read_only(standby)
             pst = primary.replication_status()
             assert pst.role == "primary" and pst.connected and len(pst.standbys) == 1
@@ -293,7 +295,7 @@ def test_standby_killed_and_restarted_resumes_without_duplicates(tmp_path, procs
     """The real thing, in small: a standby process SIGKILLed in the middle of the stream resumes
     from its applied LSN (no second snapshot, no duplicate appends)."""
     primary = partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0")
-    address = primary._replication.address
+    address = primary.replication_address
     try:
         primary.create_queue("orders", partitions=3)
         standby = procs.start("standby1", "proc_standby.py", tmp_path / "standby", address,
@@ -314,7 +316,8 @@ def test_standby_killed_and_restarted_resumes_without_duplicates(tmp_path, procs
                        30, "some applied changes", procs=[standby])
             standby.kill()
             killed_at = (read_json(tmp_path / "s1.json") or {})["applied_lsn"]
-            time.sleep(0.2)
+            wait_until(lambda: not primary.replication_status().connected, 10,
+                       "the primary to see the killed standby's link end")
             standby = procs.start("standby2", "proc_standby.py", tmp_path / "standby", address,
                                   tmp_path / "s2.json")
             wait_until(lambda: (read_json(tmp_path / "s2.json") or {}).get("applied_lsn", 0)
@@ -364,20 +367,23 @@ class FakeStandby:
 
 
 @pytest.mark.timeout(60)
-def test_old_connection_ending_does_not_mark_live_link_disconnected(tmp_path):
+def test_old_connection_ending_does_not_mark_live_link_disconnected(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="partq.replication")
     primary = partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0")
     old = new = None
     try:
         primary.create_queue("q", partitions=2)
-        timeline = primary._replication._timeline()   # a standby of this primary's history
-        old = FakeStandby(primary._replication.address, "standby-1", timeline)
+        with primary.store.read() as r:          # a standby of this primary's history
+            timeline = r.meta(b"timeline").decode()
+        old = FakeStandby(primary.replication_address, "standby-1", timeline)
         wait_until(lambda: primary.replication_status().connected, 10, "the first link")
-        new = FakeStandby(primary._replication.address, "standby-1", timeline)   # it reconnected
+        new = FakeStandby(primary.replication_address, "standby-1", timeline)   # it reconnected
         primary.publish_many("q", [b"a", b"b", b"c"])
         head = primary.replication_status().head_lsn
         wait_until(lambda: new.acked >= head, 10, "the new connection to ack")
         old.close()                                # the half-open connection finally ends
-        time.sleep(0.3)
+        wait_until(lambda: [r for r in caplog.records if "standby-1 ended" in r.getMessage()], 10,
+                   "the primary to log that the old connection ended")
         primary.publish("q", b"d")
         head = primary.replication_status().head_lsn
         wait_until(lambda: new.acked >= head, 10, "the live connection to go on acking")

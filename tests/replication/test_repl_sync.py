@@ -10,14 +10,15 @@ import pytest
 
 import partq
 from partq.replication import ReplicationTimeout
-from repl_helpers import compare_stores, read_json, wait_until
+from helpers import wait_until
+from repl_helpers import compare_stores, read_json
 
 
 @pytest.mark.timeout(90)
 def test_sync_publish_waits_for_the_standby_and_times_out_without_it(tmp_path, procs):
     primary = partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0",
                                 replication_mode="sync", sync_timeout=0.5)
-    address = primary._replication.address
+    address = primary.replication_address
     try:
         primary.create_queue("q", partitions=2)
         standby = procs.start("standby1", "proc_standby.py", tmp_path / "standby", address,
@@ -64,7 +65,7 @@ def test_sync_publishes_never_stall_with_a_healthy_standby(tmp_path, procs, capl
     try:
         primary.create_queue("q", partitions=8)
         standby = procs.start("standby", "proc_standby.py", tmp_path / "standby",
-                              primary._replication.address, tmp_path / "s.json")
+                              primary.replication_address, tmp_path / "s.json")
         wait_until(lambda: primary.replication_status().connected, 30, "the standby",
                    procs=[standby])
         primary.publish("q", b"first")

@@ -3,15 +3,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-# pytest's importlib import mode does not put test folders on sys.path; spark_helpers is imported
-# by name
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from spark_helpers import require_spark  # noqa: E402
+from spark_helpers import require_spark   # tests/spark is on sys.path: pyproject.toml's pythonpath
 
 
 @pytest.fixture(scope="module")

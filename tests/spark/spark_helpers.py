@@ -23,7 +23,7 @@ def read_queue(path, queue: str) -> dict[int, list[tuple[str | None, bytes]]]:
     with partq.Broker.open(path, create=False, auto_tick=False) as broker:
         config = broker.queue_config(queue)
         out: dict[int, list[tuple[str | None, bytes]]] = {}
-        with broker._store.read() as r:
+        with broker.store.read() as r:
             for p in range(config.partitions):
                 out[p] = [(rec.key, rec.payload) for rec in
                           (decode_record(raw, queue, p, seq) for seq, raw in r.records(config.qid, p, 0, 1 << 40))]

@@ -13,6 +13,7 @@ import time
 
 import msgpack
 import pytest
+from helpers import wait_until
 from spark_helpers import all_messages, read_queue
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
@@ -63,6 +64,8 @@ def register_faulty(spark, name, *, fail_partition, failing_attempts, report_dir
             if ctx.partitionId() == fail_partition and ctx.attemptNumber() < failing_attempts:
                 iterator = self._fail_after_first_batch(iterator, ctx)
             message = super().write(iterator)
+            # held at the gate until the test opens it (a Spark worker cannot import tests/
+            # helpers: cloudpickle ships this class by value, wait_until would go by reference)
             while gate is not None and not os.path.exists(gate):
                 time.sleep(0.05)
             return message
@@ -199,10 +202,9 @@ def test_a_failed_job_is_aborted_leaving_the_queue_unchanged(spark, tmp_path):
          .option("queue", "q").option("keyColumn", "key").option("payloadColumn", "body")
          .option("batchSize", "10").mode("append").save())
     assert read_queue(path, "q") == before
-    deadline = time.monotonic() + 10          # a cancelled straggler task may still be exiting
-    while not no_stages(path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert no_stages(path)
+    # a cancelled straggler task may still be exiting: its stage goes when it has
+    wait_until(lambda: no_stages(path), 10, "every stage of the aborted job to be dropped",
+               interval=0.1)
 
 
 def test_a_bound_consumer_sees_nothing_until_the_job_commits(spark, tmp_path):
@@ -229,10 +231,8 @@ def test_a_bound_consumer_sees_nothing_until_the_job_commits(spark, tmp_path):
                 errors.append(exc)
         thread = threading.Thread(target=job)
         thread.start()
-        deadline = time.monotonic() + 120
-        while (sum(s.rows for s in staging.list_stages(broker)) < 400 and not errors
-               and time.monotonic() < deadline):
-            time.sleep(0.1)
+        wait_until(lambda: sum(s.rows for s in staging.list_stages(broker)) >= 400 or errors,
+                   120, "both tasks to stage every row", interval=0.1)
         assert errors == []
         assert sum(s.rows for s in staging.list_stages(broker)) == 400    # every row staged ...
         assert flow.receive(100, timeout=0.5) == []                       # ... none delivered
@@ -241,11 +241,13 @@ def test_a_bound_consumer_sees_nothing_until_the_job_commits(spark, tmp_path):
         thread.join(120)
         assert not thread.is_alive() and errors == []
         got = []
-        deadline = time.monotonic() + 10
-        while len(got) < 400 and time.monotonic() < deadline:
+
+        def received_all() -> bool:
             msgs = flow.receive(500, timeout=0.5)
             flow.ack_many(msgs)
-            got += msgs
+            got.extend(msgs)
+            return len(got) >= 400
+        wait_until(received_all, 10, "the committed job's 400 rows to be delivered", interval=0)
         assert sorted(m.payload for m in got) == sorted(f"payload-{i}".encode() for i in range(400))
         assert not any(m.redelivered for m in got)
     finally:

@@ -165,12 +165,10 @@ def test_whatever_encode_accepts_decodes(hdrs):
 
 
 @pytest.fixture
-def broker(tmp_path):
-    import partq
-    b = partq.Broker.open(tmp_path / "data")
-    b.create_queue("q", partitions=1)
-    yield b
-    b.close()
+def broker(broker):
+    """The shared broker (tests/conftest.py) with a queue "q" of one partition."""
+    broker.create_queue("q", partitions=1)
+    return broker
 
 
 @pytest.mark.parametrize("hdrs", [{"n": 1 << 64}, {"n": -(1 << 64)}])

@@ -45,7 +45,7 @@ store = Store.open(sys.argv[1])
 with store.read() as r:
     r.head(1, 0)
     print("ready", flush=True)
-    time.sleep(600)
+    time.sleep(600)     # holds the read transaction until the test kills this process
 """
 
 HOLD_OPEN = r"""
@@ -53,7 +53,7 @@ import sys, time
 from partq.storage import Store
 store = Store.open(sys.argv[1])
 print("ready", flush=True)
-time.sleep(600)
+time.sleep(600)         # keeps the store open until the test kills this process
 """
 
 
