@@ -13,6 +13,7 @@ PARTITIONERS = tuple(p.value for p in Partitioner)
 ACCESS_TYPES = tuple(a.value for a in AccessType)
 SCALING_STATES = tuple(s.value for s in ScalingState)
 MAX_PARTITIONS = 1 << 16
+DEFAULT_CONSUMER_TIMEOUT = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
 
 
@@ -40,6 +41,11 @@ class QueueConfig:
     # flow at a time receives them, the others standing by. ``partitions`` is kept and is the
     # count again once access is non-exclusive.
     access_type: str = AccessType.NON_EXCLUSIVE
+    # S32: a flow of another process (or host) that sends nothing, heartbeats included, for
+    # this long is unbound. 10 s: Solace's keepalive notices a dead client in about 9 s (3 x 3 s);
+    # Kafka's 45 s session timeout leaves partitions idle four times longer. Heartbeats go every
+    # quarter of it, so a busy host must stall for the whole timeout to lose its flows.
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
     # Maintained by the broker, not set by users:
     qid: int = 0
     scaling_status: str = ScalingState.READY     # S18
@@ -55,6 +61,10 @@ class QueueConfig:
         _check_int("sticky_batch_size", self.sticky_batch_size, 1, 1 << 31)
         _check_int("max_message_size", self.max_message_size, 1, 1 << 30)
         _check_int("max_key_size", self.max_key_size, 1, 1 << 16)
+        if isinstance(self.consumer_timeout, bool) or not isinstance(self.consumer_timeout, (int, float)) \
+                or not math.isfinite(self.consumer_timeout) or not 0.1 <= self.consumer_timeout <= 3600:
+            raise InvalidConfig(f"consumer_timeout must be a number of seconds from 0.1 to 3600, "
+                                f"not {self.consumer_timeout!r}")
         for f in ("rebalance_delay", "max_handoff_time", "partition_availability_timeout"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

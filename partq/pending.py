@@ -9,13 +9,14 @@ class Pending:
     raises what its commit raised; ``done()`` tells without waiting. Until ``result()`` returns,
     a crash may undo the write, as if it had not been made."""
 
-    __slots__ = ("_fut",)
+    __slots__ = ("_fut", "_value")
 
-    def __init__(self, fut) -> None:
+    def __init__(self, fut, value=None) -> None:
         self._fut = fut        # the storage layer's pending write; None when nothing was written
+        self._value = value    # the result when nothing was written
 
     def done(self) -> bool:
         return self._fut is None or self._fut.done()
 
     def result(self):
-        return None if self._fut is None else self._fut.result()
+        return self._value if self._fut is None else self._fut.result()

@@ -93,12 +93,21 @@ class Publisher:
         encoded = encode(config, ((payload, key, headers),), self.clock.wall_ns())
         return Pending(self.store.submit(_PublishOne(self, queue, encoded)))
 
-    def publish_many(self, queue: str, items: Iterable,
-                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
+    def publish_many_async(self, queue: str, items: Iterable) -> Pending:
+        """``publish_many`` without waiting: checked and encoded now, one transaction, durable
+        once ``result()`` returns."""
         config = self.config(queue)
         encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
+        if not encoded:
+            return Pending(None, [])
+        return Pending(self.store.submit(lambda w: self.place(w, queue, encoded)))
+
+    def publish_many(self, queue: str, items: Iterable,
+                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
         if checkpoint is None:
-            return self.store.write(lambda w: self.place(w, queue, encoded)) if encoded else []
+            return self.publish_many_async(queue, items).result()
+        config = self.config(queue)
+        encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
         name, position = checkpoint
         key = checkpoint_key(name)
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from partq.config import QueueConfig
 from partq.delivery.runtime import delivery_layout
-from partq.delivery.state import DeliveryView, decode_state, stored_view
+from partq.delivery.state import DeliveryView, SlotView, decode_state, stored_view
 from partq.publishing import discarded_count
 from partq.scaling import read_procedure
+from partq.states import PartitionState
 from partq.storage.encoding import PARENT
 
 
@@ -34,6 +35,9 @@ class FlowStatus:
     bound: bool
     active: bool
     partitions: list[int]
+    client: str | None = None           # "pid P on HOST" of the process the flow lives in
+    connected_at: float | None = None   # wall time its process connected (another process)
+    heartbeat_age: float | None = None  # seconds since its process was last heard from
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,12 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
     if view is None or view.mode != mode:
         state = decode_state(r.state(config.qid), f"queue {config.name!r}")
         view = stored_view(state, mode, index, owner is not None)
+    # the owner may not have applied a new partition count yet: show the stored count, and
+    # partitions it does not deliver yet as Unassigned
+    shown = {slot.partition: slot for slot in view.slots}
     parts = []
-    for slot in view.slots:
+    for sp in index:
+        slot = shown.get(sp) or SlotView(sp, PartitionState.UNASSIGNED, None, None, 0, None)
         ack = r.ack_state(config.qid, slot.partition)
         head = r.head(config.qid, slot.partition)
         parts.append(PartitionStatus(
@@ -85,7 +93,8 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
         rebalance_status=view.rebalance_status, scaling_status=config.scaling_status,
         ingress_enabled=config.ingress_enabled, egress_enabled=config.egress_enabled,
         depth=sum(p.depth for p in parts), partitions=parts,
-        flows=[FlowStatus(f.flow_id, f.name, f.bound, f.active, f.partitions) for f in view.flows],
+        flows=[FlowStatus(f.flow_id, f.name, f.bound, f.active, f.partitions, f.client,
+                          f.connected_at, f.heartbeat_age) for f in view.flows],
         delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
         discarded=discarded_count(r, config.qid),
         procedure=procedure.as_dict() if procedure else None,

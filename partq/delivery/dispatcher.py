@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import threading
 import time
 import uuid
 from typing import Iterable
 
-from partq.config import QueueConfig
+from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
+from partq.delivery.control import ControlServer, query_view
+from partq.delivery.follower import FollowerQueue
 from partq.delivery.lock import DeliveryLock
 from partq.delivery.runtime import FlowState, QueueDelivery
-from partq.delivery.state import DeliveryView
-from partq.errors import InvalidConfig, PartqError
+from partq.delivery.state import DeliveryView, doc_to_view, view_to_doc
+from partq.errors import DeliveryLocked, InvalidConfig, PartqError, QueueNotFound
 from partq.message import FlowChangeUpdate, Message
 from partq.storage import crashpoints
 from partq.storage.encoding import decode_meta
@@ -38,6 +42,7 @@ from partq.storage.encoding import decode_meta
 log = logging.getLogger("partq.delivery")
 
 POLL_INTERVAL = 0.02     # seconds between looks at the store for other processes' commits
+PROCESS = f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 class Dispatcher:
@@ -47,6 +52,8 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._runtimes: dict[str, QueueDelivery] = {}
         self._locks: dict[str, DeliveryLock] = {}
+        self._servers: dict[str, ControlServer] = {}      # serving other processes' flows
+        self._followers: dict[str, FollowerQueue] = {}    # flows of queues others deliver
         self._changed = threading.Condition()
         self._generation = 0
         self._config_version = -1          # store version when configs were last compared
@@ -69,30 +76,81 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ binding
     def bind(self, queue: str, name: str | None, hint: list[int] | None,
-             skip_corrupt: bool) -> "LocalEndpoint":
+             skip_corrupt: bool):
+        """Bind a flow: in this process when it owns (or can take) the queue's delivery, else
+        through the owner's control channel (``follower``). Returns the flow's endpoint."""
+        with self._lock:
+            follower = self._followers.get(queue)
+        if follower is None:
+            try:
+                return self.bind_local(queue, name, hint, skip_corrupt)
+            except DeliveryLocked:
+                follower = self._follower(queue)
+        return follower.bind(name, hint, skip_corrupt)
+
+    def bind_local(self, queue: str, name: str | None, hint: list[int] | None,
+                   skip_corrupt: bool) -> "LocalEndpoint":
+        """Bind a flow delivered by this process (``DeliveryLocked`` if another owns it)."""
+        state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
+        qd = self._add_flow(queue, state, hint)
+        return LocalEndpoint(self, qd, state)
+
+    def _add_flow(self, queue: str, state: FlowState, hint: list[int] | None) -> QueueDelivery:
         with self._lock:
             qd = self._runtime(queue)
             now = self.clock.now()
             with self.store.read() as r:      # a change stored since the last tick comes first
                 ops = self._config_ops(qd, r, now)
-            if name is not None and qd.core.find_bound(name) is not None:
+            if state.name is not None and qd.core.find_bound(state.name) is not None:
                 self._submit(ops)
-                raise InvalidConfig(f"a flow named {name!r} is already bound to {queue!r}; "
-                                    f"unbind it first or pick another name")
-            state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
+                raise InvalidConfig(f"a flow named {state.name!r} is already bound to "
+                                    f"{queue!r}; unbind it first or pick another name")
             fut = self._submit(ops + qd.bind(state, hint, now))
         self._commit_and_notify(fut)
-        return LocalEndpoint(self, qd, state)
+        return qd
+
+    def _follower(self, queue: str) -> FollowerQueue:
+        """This process's group of flows of ``queue`` delivered by another process (connects to
+        the owner's control socket on first use)."""
+        with self.store.read() as r:
+            raw = r.queue(queue)
+        if raw is None:
+            raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
+                                f"(or `partq queue create {queue}`)")
+        group = FollowerQueue(self, queue, raw["qid"])
+        with self._lock:
+            existing = self._followers.get(queue)
+            if existing is None:
+                self._followers[queue] = group
+                return group
+        group.close()
+        return existing
+
+    def forget_follower(self, queue: str, group: FollowerQueue) -> None:
+        """``group``'s flows now live in this process's own runtime (it took delivery over)."""
+        with self._lock:
+            if self._followers.get(queue) is group:
+                del self._followers[queue]
+
+    def take_over(self, queue: str) -> bool:
+        """Take the queue's delivery if no other process holds it (the owner died or closed);
+        whether this process now runs it."""
+        with self._lock:
+            try:
+                self._runtime(queue)
+            except DeliveryLocked:
+                return False
+            return True
 
     def _runtime(self, queue: str) -> QueueDelivery:
-        """This process's delivery runtime for ``queue``; takes the queue's delivery lock."""
+        """This process's delivery runtime for ``queue``; takes the queue's delivery lock and
+        starts serving other processes' flows."""
         qd = self._runtimes.get(queue)
         if qd is not None:
             return qd
         with self.store.read() as r:
             raw = r.queue(queue)
         if raw is None:
-            from partq.errors import QueueNotFound
             raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
                                 f"(or `partq queue create {queue}`)")
         config = QueueConfig.from_dict(raw)
@@ -100,38 +158,115 @@ class Dispatcher:
         try:
             with self.store.read() as r:
                 qd = QueueDelivery(config, r, self.clock.now())
+            server = ControlServer(self, self.store.path, queue, config.qid)
         except BaseException:
             lock.release()
             raise
         self._locks[queue] = lock
         self._runtimes[queue] = qd
+        self._servers[queue] = server
+        log.info("this process (pid %d) runs delivery of queue %r", os.getpid(), queue)
         return qd
+
+    # ------------------------------------------------------------------ flows of other processes
+    def bind_remote(self, queue: str, name: str | None, hint: list[int] | None,
+                    skip_corrupt: bool, sink, client: str) -> str:
+        """Bind a flow of another process (its control connection is ``sink``)."""
+        state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt, remote=sink,
+                          client=client)
+        self._add_flow(queue, state, hint)
+        log.info("flow %s of %s bound to queue %r", name or state.flow_id, client, queue)
+        return state.flow_id
+
+    def unbind_remote(self, queue: str, flow_id: str) -> None:
+        """A flow of another process leaves (it unbound, or its process disconnected or went
+        quiet: seed 004 makes no difference)."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            state = qd.flows.get(flow_id) if qd is not None else None
+            if state is None:
+                return
+            state.close("unbound")
+            fut = self._submit(qd.unbind(state, self.clock.now()))
+        log.info("flow %s of %s left queue %r", state.name or flow_id, state.client, queue)
+        self._commit_and_notify(fut)
+
+    def report(self, queue: str, flow_id: str, counts: dict[int, int]) -> None:
+        """A flow of another process reports what it holds unacked per partition."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            state = qd.flows.get(flow_id) if qd is not None else None
+            if state is None:
+                return
+            fut = self._submit(qd.report(state, counts, self.clock.now()))
+        self._commit_and_notify(fut)
+
+    def consumer_timeout(self, queue: str) -> float:
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            return qd.config.consumer_timeout if qd is not None else DEFAULT_CONSUMER_TIMEOUT
+
+    def view_doc(self, queue: str, clients: dict[str, dict]) -> dict | None:
+        """The live view as a document for another process (``control``'s "view")."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            view = None if qd is None else qd.view(PROCESS)
+        return None if view is None else view_to_doc(view, clients)
 
     def owns(self, queue: str) -> bool:
         with self._lock:
             return queue in self._runtimes
 
     def view(self, queue: str) -> DeliveryView | None:
-        """The live view of ``queue``'s delivery, when this process runs it."""
+        """The live view of ``queue``'s delivery, when this process runs it; else the owner's,
+        asked over its control socket; None when no process answers for it."""
         with self._lock:
             qd = self._runtimes.get(queue)
-            return None if qd is None else qd.view()
+            if qd is not None:
+                view = qd.view(PROCESS)
+                server = self._servers.get(queue)
+            else:
+                view = server = None
+        if view is not None:
+            clients = server.clients() if server is not None else {}
+            return doc_to_view(view_to_doc(view, clients)) if clients else view
+        with self.store.read() as r:
+            raw = r.queue(queue)
+        if raw is None:
+            return None
+        doc = query_view(self.store.path, raw["qid"])
+        return doc_to_view(doc) if doc is not None else None
 
     def release(self, queue: str, reason: str) -> DeliveryLock | None:
         """Stop delivering ``queue`` here (it is being deleted): close its flows with ``reason``
-        and hand back its delivery lock, still held, for the caller to release."""
+        (in other processes too) and hand back its delivery lock, still held, for the caller
+        to release."""
         with self._lock:
             qd = self._runtimes.pop(queue, None)
             if qd is not None:
                 for state in list(qd.flows.values()):
                     state.close(reason)
             lock = self._locks.pop(queue, None)
+            server = self._servers.pop(queue, None)
+            follower = self._followers.pop(queue, None)
+        if server is not None:
+            server.stop()
+        if follower is not None:
+            follower.close()
         self.notify()
         return lock
 
     # ------------------------------------------------------------------ the flow interface
     def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
                 timeout: float) -> list[Message]:
+        msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
+                                      timeout)
+        return msgs if msgs is not None else []
+
+    def wait_for_messages(self, collect, max_messages: int, timeout: float) -> list[Message] | None:
+        """Call ``collect(max_messages)`` until it returns messages (or None: the caller's flow
+        moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
+        could make a message deliverable."""
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise InvalidConfig(f"max_messages must be an integer >= 1, not {max_messages!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
@@ -146,8 +281,8 @@ class Dispatcher:
             now_seen = (generation, self.store.version())
             if now_seen != looked_at or self._timer_due():
                 self.polls += 1
-                msgs = self._collect(qd, state, max_messages)
-                if msgs:
+                msgs = collect(max_messages)
+                if msgs is None or msgs:
                     return msgs
                 looked_at = now_seen
             remaining = deadline - time.monotonic()
@@ -179,7 +314,8 @@ class Dispatcher:
 
     def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message]):
         with self._lock:
-            fut = self._submit(qd.ack(state, msgs, self.clock.now()))
+            with self.store.read() as r:
+                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
         self.notify()     # credit came back; a paused partition may have drained
@@ -302,6 +438,13 @@ class Dispatcher:
             if threading.current_thread() is not self._ticker:
                 self._ticker.join()
         self.store.remove_commit_hook(self._on_commit)
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+            followers, self._followers = list(self._followers.values()), {}
+        for group in followers:
+            group.close()
+        for server in servers:        # before the locks go: clients then fail over
+            server.stop()
         with self._lock:
             for qd in self._runtimes.values():
                 for state in list(qd.flows.values()):

@@ -139,6 +139,11 @@ class QueueDelivery:
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self._set_index(index, reader)
+        for slot, owner in enumerate(self.core.owner[:len(self.parts)]):
+            if owner is not None:
+                # a flow of the last run (maybe of another process, which may go on delivering
+                # until it notices the change): read its state again before delivering it here
+                self.parts[slot].remote_held = True
         self.flows: dict[str, FlowState] = {}   # flow id -> its delivery state
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
@@ -280,15 +285,27 @@ class QueueDelivery:
         self._forget_inflight(ps)
         ps.rewind()
 
-    def view(self) -> DeliveryView:
-        """Statuses, owners, unacked counts and errors as they are now."""
+    def view(self, this_process: str | None = None) -> DeliveryView:
+        """Statuses, owners, unacked counts and errors as they are now. A partition a flow of
+        another process holds shows what that process last reported unacked."""
         def live(sp: int) -> tuple[int, str | None]:
             ps = self.part(sp)
             if ps is None:
                 return 0, None
-            return len(ps.inflight), str(ps.error) if ps.error else None
+            slot = self.slot_of[sp]
+            owner = self.core.owner[slot]
+            state = self.flows.get(owner) if owner is not None else None
+            unacked = (state.reported.get(slot, 0) if state is not None and state.remote
+                       else len(ps.inflight))
+            return unacked, str(ps.error) if ps.error else None
+
+        def client(fid: str) -> str | None:
+            state = self.flows.get(fid)
+            if state is None:
+                return None
+            return state.client if state.remote is not None else this_process
         return view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
-                       bound=True, live=live, mode=self.mode)
+                       bound=True, live=live, mode=self.mode, client=client)
 
     def _state_ops(self) -> list:
         blob = encode_state(self.mode, self.core)
@@ -359,7 +376,7 @@ class QueueDelivery:
         return ([lambda w, p=p, m=new: w.set_delivered_mark(qid, p, m) for p, (_, new) in marks.items()]
                 + [lambda w, p=p, s=seqs: w.ack(qid, p, s) for p, seqs in skipped.items()])
 
-    def ack(self, flow, msgs, now: float) -> list:
+    def ack(self, flow, msgs, now: float, reader) -> list:
         """Apply acks in memory and return the writes. Fencing (S33): an ack of a message of a
         partition the flow no longer holds (it moved to another flow after a handoff timed out,
         or the flow left) changes nothing and raises ``FlowFenced``; the message belongs to the
@@ -386,6 +403,8 @@ class QueueDelivery:
                 # else removed by scaling: its messages are gone
                 continue
             ps = self.parts[slot]
+            if ps.stale or m.seq > ps.ack.delivered_mark:
+                ps.refresh(reader.ack_state(self.qid, ps.sp))
             if m.seq > ps.ack.delivered_mark:
                 raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
             if not ps.ack.is_acked(m.seq):

@@ -10,6 +10,7 @@ does not run delivery.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,6 +68,9 @@ class FlowView:
     bound: bool
     active: bool                # holds partitions (a standby does not)
     partitions: list[int]       # storage partitions, sorted
+    client: str | None = None           # "pid P on HOST" of the process the flow lives in
+    connected_at: float | None = None   # wall time its process connected (another process)
+    heartbeat_age: float | None = None  # seconds since its process was last heard from
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,29 @@ class DeliveryView:
     flows: list[FlowView]
 
 
+def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
+    """The view as a msgpack-able document, with what the control server knows of the flows
+    of other processes (``clients``: flow id -> client, since, heartbeat_age)."""
+    doc = dataclasses.asdict(view)
+    for flow in doc["flows"]:
+        info = clients.get(flow["flow_id"])
+        if info is not None:
+            flow.update(client=info["client"], connected_at=info["since"],
+                        heartbeat_age=info["heartbeat_age"])
+    return doc
+
+
+def doc_to_view(doc: dict) -> DeliveryView:
+    return DeliveryView(doc["mode"], doc["rebalance_status"],
+                        [SlotView(**slot) for slot in doc["slots"]],
+                        [FlowView(**flow) for flow in doc["flows"]])
+
+
 def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
             statuses: list[str] | None, bound: bool,
             live: Callable[[int], tuple[int, str | None]] = lambda sp: (0, None),
-            mode: str = "partitioned") -> DeliveryView:
+            mode: str = "partitioned",
+            client: Callable[[str], str | None] = lambda fid: None) -> DeliveryView:
     """The view of ``core`` delivering the storage partitions ``index`` (slot order).
     ``statuses``: the stored statuses to show instead of the core's; ``bound``: whether flows
     shown bound are (False from a process that only read the stored state); ``live(sp)``: the
@@ -97,7 +120,8 @@ def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
         unacked, error = live(sp)
         slots.append(SlotView(sp, status, owner, info.name if info else None, unacked, error))
     flows = [FlowView(f.flow_id, f.name, f.bound and bound, bool(f.partitions),
-                      sorted(index[s] for s in f.partitions if s < len(index)))
+                      sorted(index[s] for s in f.partitions if s < len(index)),
+                      client(f.flow_id))
              for f in sorted(core.flows.values(), key=lambda f: f.order)]
     return DeliveryView(mode, rebalance_status, slots, flows)
 
@@ -114,3 +138,47 @@ def stored_view(state: StoredState | None, mode: str, index: list[int],
     live = state is not None and owner_running
     return view_of(core, index, state.rebalance_status if live else RebalanceState.READY,
                    state.partition_status if live else None, bound=False, mode=mode)
+
+
+class Assignment:
+    """The owner's persisted assignment as a process delivering some of its flows reads it:
+    who holds each slot under which epoch, which slots are paused for a handoff."""
+
+    def __init__(self, config, blob: bytes | None) -> None:
+        from partq.delivery.runtime import delivery_layout
+        self.config = config
+        mode, self.index = delivery_layout(config)
+        state = decode_state(blob, f"queue {config.name!r}")
+        self.owner: list[str | None] = [None] * len(self.index)
+        self.epoch = [0] * len(self.index)
+        self.paused: set[int] = set()
+        self.bound: set[str] = set()
+        if state is None or state.mode != mode:
+            return
+        core = state.core
+        for fid, _name, _order, bound, parts in core["flows"]:
+            if bound:
+                self.bound.add(fid)
+            for slot in parts:
+                if slot < len(self.owner):
+                    self.owner[slot] = fid
+        epochs = core.get("epochs", [])
+        for slot in range(min(len(epochs), len(self.epoch))):
+            self.epoch[slot] = epochs[slot]
+        self.paused = {p for p, _src, _dst in core["handoffs"]}
+
+    def held_by(self, flow_id: str) -> list[tuple[int, int, int]]:
+        """(slot, storage partition, epoch) of every slot ``flow_id`` holds while bound."""
+        if flow_id not in self.bound:
+            return []
+        return [(slot, self.index[slot], self.epoch[slot])
+                for slot, owner in enumerate(self.owner) if owner == flow_id]
+
+    def holds(self, flow_id: str, sp: int, epoch: int) -> bool:
+        if flow_id not in self.bound:
+            return False
+        try:
+            slot = self.index.index(sp)
+        except ValueError:
+            return False
+        return self.owner[slot] == flow_id and self.epoch[slot] == epoch

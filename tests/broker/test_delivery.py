@@ -36,8 +36,8 @@ def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedPr
 
 
 # ---------------------------------------------------------------------- order
-def test_message_fields(broker, clock):
-    broker.create_queue("q", partitions=3)
+def test_message_fields(broker, clock, partitioner):
+    broker.create_queue("q", partitions=3, partitioner=partitioner)
     res = broker.publish("q", b"hello", key="customer-42", headers={"h": 1})
     assert res.partition == partq.key_partition("customer-42", 3)
     flow = broker.bind("q")
@@ -48,21 +48,15 @@ def test_message_fields(broker, clock):
     assert m.redelivered is False
 
 
-def test_per_partition_order(broker):
-    broker.create_queue("q", partitions=4)
+def test_per_partition_order(broker, partitioner):
+    broker.create_queue("q", partitions=4, partitioner=partitioner)
     broker_pub = []
     for i in range(200):
-        r = broker.publish("q", b"%d" % i)            # unkeyed: random partitions
+        r = broker.publish("q", b"%d" % i)            # unkeyed: the partitioner chooses
         broker_pub.append((r.partition, r.seq, i))
     broker.publish_many("q", [b"%d" % i for i in range(200, 300)])
     flow = broker.bind("q")
-    got = []
-    while True:
-        batch = flow.receive(7)                        # small batches interleave partitions
-        if not batch:
-            break
-        got += batch
-        flow.ack_many(batch)
+    got = drain(flow, batch=7)                         # small batches interleave partitions
     assert len(got) == 300
     assert len({(m.partition, m.seq) for m in got}) == 300
     for p in range(4):
@@ -74,8 +68,9 @@ def test_per_partition_order(broker):
         assert any(m.partition == part and m.seq == seq and int(m.payload) == i for m in got)
 
 
-def test_per_key_order_many_keys_two_flows(broker, clock):
-    broker.create_queue("q", partitions=5, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+def test_per_key_order_many_keys_two_flows(broker, clock, partitioner):
+    broker.create_queue("q", partitions=5, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        partitioner=partitioner)
     a = broker.bind("q")
     b = broker.bind("q")
     clock.advance(DELAY)
@@ -97,8 +92,9 @@ def test_per_key_order_many_keys_two_flows(broker, clock):
 
 
 # ---------------------------------------------------------------------- S14
-def test_max_delivered_unacked_per_flow(broker):
-    broker.create_queue("q", partitions=3, max_delivered_unacked_per_flow=4)
+def test_max_delivered_unacked_per_flow(broker, partitioner):
+    broker.create_queue("q", partitions=3, max_delivered_unacked_per_flow=4,
+                        partitioner=partitioner)
     for i in range(30):
         broker.publish("q", b"%d" % i, key=f"k{i}")
     flow = broker.bind("q")
@@ -124,8 +120,9 @@ def test_max_delivered_unacked_per_flow(broker):
     assert (again[0].partition, again[0].seq) == (held[0].partition, held[0].seq)
 
 
-def test_unacked_bound_is_never_exceeded(broker):
-    broker.create_queue("q", partitions=4, max_delivered_unacked_per_flow=5)
+def test_unacked_bound_is_never_exceeded(broker, partitioner):
+    broker.create_queue("q", partitions=4, max_delivered_unacked_per_flow=5,
+                        partitioner=partitioner)
     broker.publish_many("q", [(b"%d" % i, f"k{i % 9}") for i in range(100)])
     flow = broker.bind("q")
     holding = []
@@ -145,8 +142,8 @@ def test_unacked_bound_is_never_exceeded(broker):
 
 
 # ---------------------------------------------------------------------- nack
-def test_nack_redelivers_in_order_marked(broker):
-    broker.create_queue("q", partitions=2)
+def test_nack_redelivers_in_order_marked(broker, partitioner):
+    broker.create_queue("q", partitions=2, partitioner=partitioner)
     key = keys_for_partitions(2)[1][0]
     for i in range(6):
         broker.publish("q", b"%d" % i, key=key)
@@ -168,8 +165,8 @@ def test_nack_redelivers_in_order_marked(broker):
     assert flow.receive(100) == []
 
 
-def test_nack_other_partition_unaffected(broker):
-    broker.create_queue("q", partitions=2)
+def test_nack_other_partition_unaffected(broker, partitioner):
+    broker.create_queue("q", partitions=2, partitioner=partitioner)
     keys = keys_for_partitions(2)
     for i in range(3):
         broker.publish("q", b"a%d" % i, key=keys[0][0])
@@ -184,9 +181,10 @@ def test_nack_other_partition_unaffected(broker):
 
 
 # ---------------------------------------------------------------------- durability (S25)
-def test_acks_are_durable_across_restart(open_broker, clock):
+def test_acks_are_durable_across_restart(open_broker, clock, partitioner):
     b = open_broker()
-    b.create_queue("q", partitions=3, rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    b.create_queue("q", partitions=3, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                   partitioner=partitioner)
     b.publish_many("q", [(b"%d" % i, f"k{i % 5}") for i in range(60)])
     flow = b.bind("q")
     got = flow.receive(100)
@@ -227,9 +225,9 @@ def test_acks_are_durable_across_restart(open_broker, clock):
     assert f.receive(100) == []
 
 
-def test_ack_of_message_from_before_restart_through_new_flow(open_broker, clock):
+def test_ack_of_message_from_before_restart_through_new_flow(open_broker, clock, partitioner):
     b = open_broker()
-    b.create_queue("q", partitions=1, rebalance_delay=DELAY)
+    b.create_queue("q", partitions=1, rebalance_delay=DELAY, partitioner=partitioner)
     b.publish("q", b"x")
     f = b.bind("q", name="n")
     (m,) = f.receive(10)
@@ -244,7 +242,7 @@ def test_ack_of_message_from_before_restart_through_new_flow(open_broker, clock)
 # ---------------------------------------------------------------------- process model
 PUBLISHER = """
     import sys, time, partq
-    time.sleep(float(sys.argv[2]))
+    time.sleep(float(sys.argv[2]))    # publish only once the parent's receive is waiting
     with partq.Broker.open(sys.argv[1]) as b:
         r = b.publish("q", b"from-child", key="k")
         print(r.partition, r.seq)
@@ -275,42 +273,45 @@ BINDER = """
     import sys, partq
     b = partq.Broker.open(sys.argv[1])
     try:
-        b.bind("q")
+        flow = b.bind("q", name="other")
+        print("BOUND", sorted(flow.partitions), b.queue_status("q").delivery_owner)
     except partq.DeliveryLocked as exc:
         print("LOCKED", exc)
-    else:
-        print("BOUND")
     finally:
         b.close()
 """
 
 
-def test_second_process_binding_gets_delivery_locked(broker, data_dir):
+def test_a_second_process_binding_is_served_by_the_owner(broker, data_dir, clock):
+    """S29: DeliveryLocked never reaches a user who binds; the owner (this process, with a
+    ManualClock: no rebalance happens until it ticks) serves the other process's flow."""
     broker.create_queue("q", partitions=2)
     broker.publish("q", b"x")
     broker.bind("q")
     res = run_py(BINDER, str(data_dir))
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("LOCKED"), res.stdout
+    assert res.stdout.startswith("BOUND []"), res.stdout      # a new member waits for holddown
     assert f"pid {os.getpid()}" in res.stdout
     assert broker.queue_status("q").delivery_owner.startswith(f"pid {os.getpid()} ")
     # Publishing from the other process is still allowed while this one delivers.
     res = run_py(PUBLISHER, str(data_dir), "0")
     assert res.returncode == 0, res.stderr
-    # Once this broker closes, the other process can take delivery over.
+    # Once this broker closes, the other process takes delivery over (the closed flow is a
+    # ghost holding both partitions for the rebalance delay: the new one waits).
     broker.close()
     res = run_py(BINDER, str(data_dir))
-    assert res.stdout.startswith("BOUND"), res.stdout + res.stderr
+    assert res.stdout.startswith("BOUND [] pid "), res.stdout + res.stderr
+    assert f"pid {os.getpid()} " not in res.stdout
 
 
-def test_second_broker_in_same_process_gets_delivery_locked(broker, data_dir, clock):
-    broker.create_queue("q", partitions=2)
-    broker.bind("q")
+def test_a_second_broker_in_the_same_process_is_served_by_the_first(broker, data_dir, clock):
+    broker.create_queue("q", partitions=2, rebalance_delay=0)
+    first = broker.bind("q")
     other = partq.Broker.open(data_dir, clock=clock)
     try:
-        with pytest.raises(partq.DeliveryLocked, match=f"pid {os.getpid()}"):
-            other.bind("q")
-        # The failed bind left no half-open delivery behind: publishing still works.
+        second = other.bind("q")
+        assert sorted(first.partitions) + sorted(second.partitions) in ([0, 1], [1, 0])
+        assert len(first.partitions) == len(second.partitions) == 1
         other.publish("q", b"y")
     finally:
         other.close()
@@ -352,9 +353,9 @@ def test_a_count_changed_while_nobody_delivered_is_stored_at_the_first_bind(open
 
 
 # ---------------------------------------------------------------------- acks without waiting
-def test_ack_many_async_takes_effect_at_once_and_is_durable_after_result(open_broker):
+def test_ack_many_async_takes_effect_at_once_and_is_durable_after_result(open_broker, partitioner):
     b = open_broker()
-    b.create_queue("q", partitions=2)
+    b.create_queue("q", partitions=2, partitioner=partitioner)
     b.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(300)])
     flow = b.bind("q", name="c")
     first = flow.receive(100)
@@ -372,8 +373,8 @@ def test_ack_many_async_takes_effect_at_once_and_is_durable_after_result(open_br
         set(b"m%d" % i for i in range(300)) - {m.payload for m in first + second})
 
 
-def test_ack_many_async_refuses_bad_acks_before_returning(broker):
-    broker.create_queue("q")
+def test_ack_many_async_refuses_bad_acks_before_returning(broker, partitioner):
+    broker.create_queue("q", partitioner=partitioner)
     broker.publish("q", b"x")
     flow = broker.bind("q")
     (m,) = flow.receive(1)
@@ -383,15 +384,14 @@ def test_ack_many_async_refuses_bad_acks_before_returning(broker):
     assert broker.queue_status("q").depth == 0
 
 
-def test_publish_async_keeps_order_shares_commits_and_reports_each_result(open_broker):
+def test_publish_async_keeps_order_shares_commits_and_reports_each_result(open_broker, partitioner):
     b = open_broker()
-    b.create_queue("q", partitions=3)
-    writer = b._store._writer          # commit counter, read to show publishes shared commits
-    before = writer.commits
+    b.create_queue("q", partitions=3, partitioner=partitioner)
+    before, _ = b.store.commit_counts()    # to show that the publishes shared commits
     pending = [b.publish_async("q", b"m%d" % i, key=f"k{i % 5}") for i in range(200)]
     results = [p.result() for p in pending]
     assert all(p.done() for p in pending)
-    assert writer.commits - before < 200
+    assert b.store.commit_counts()[0] - before < 200
     for i, r in enumerate(results):
         assert r.partition == partq.key_partition(f"k{i % 5}", 3)
     by_key: dict[str, list[int]] = {}

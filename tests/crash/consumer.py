@@ -3,8 +3,8 @@
     python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P]
 
 Opens the broker, then binds its flows (named c0, c1: a restarted consumer gets its partitions
-back, S17), retrying while another process owns delivery (``DeliveryLocked``: a standby
-consumer process waits here until the owner dies). Logs ``bound`` once it owns delivery, every
+back, S17), retrying while another consumer process holds those names (a standby consumer
+process waits here until the other dies). Logs ``bound`` once it owns delivery, every
 delivery before doing anything with it, and ``acked`` after ack_many returned (or, for some
 batches, after the ``ack_many_async`` result of the previous loop returned). With two flows
 and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
@@ -24,11 +24,19 @@ from wlog import Log, delivered_event
 
 
 def bind_all(broker, names, queue):
+    """Bind every flow, or none. Another consumer process of the harness binds the same names:
+    its flows are served to this process too (S29), so a name it holds is refused here until
+    it dies; this process then waits, as a standby consumer process, and takes over."""
     while True:
+        flows = []
         try:
-            return [broker.bind(queue, name=n) for n in names]
-        except partq.DeliveryLocked:
-            time.sleep(0.02)
+            for n in names:
+                flows.append(broker.bind(queue, name=n))
+            return flows
+        except (partq.DeliveryLocked, partq.InvalidConfig):
+            for flow in flows:
+                flow.unbind()
+            time.sleep(0.02)   # not a test's wait: a process standing by for its names
 
 
 def main(argv=None) -> int:

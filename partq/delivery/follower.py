@@ -1,0 +1,434 @@
+"""Flows of a queue whose delivery another process of the host owns (S29, S30, S33).
+
+Such a flow reads and acks its partitions in LMDB itself, from its own process (LMDB allows
+readers in many processes and serialises writers): consumption scales past one process. The
+owner coordinates over the control channel (``control``): it runs the rebalancer and persists
+its state (assignments, pauses, epochs) with every change; a follower reads that state from
+the store before each receive, delivers only the partitions assigned to its flow and not paused
+for a handoff, and reports back what it holds unacked so that a handoff can complete.
+
+Fencing (S33): an ack is written in this process's own write transaction, which first reads
+the owner's persisted state and refuses (``FlowFenced``, nothing written) unless the flow still
+holds the partition, is bound, and holds it under the epoch the message was delivered in.
+
+Failover (S30): when the owner's connection closes (it closed or died), this process takes the
+queue's delivery lock if it is free and binds its flows locally, or else connects to whoever took
+it; either way each flow presents its partition set as its hint (and its name), so within the
+rebalance delay no partition moves.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterable
+
+from partq import errors
+from partq.config import QueueConfig
+from partq.delivery.cursor import Cursor
+from partq.delivery.link import OwnerLink
+from partq.delivery.runtime import InvalidAck, fenced_error
+from partq.delivery.state import Assignment
+from partq.errors import DeliveryLocked, FlowClosed, PartqError
+from partq.message import FlowChangeUpdate, Message
+
+log = logging.getLogger("partq.delivery")
+
+FAILOVER_BACKOFF = (0.01, 0.5)
+
+
+class FollowerFlow:
+    """A flow bound through the owner's control channel; the endpoint its ``Flow`` calls.
+    After a failover that made this process the owner it delegates to a local endpoint."""
+
+    def __init__(self, group: "FollowerQueue", flow_id: str, name: str | None,
+                 skip_corrupt: bool) -> None:
+        self.group = group
+        self.flow_id = flow_id
+        self.name = name
+        self.queue = group.queue
+        self.skip_corrupt = skip_corrupt
+        self.cursors: dict[int, Cursor] = {}
+        self.inflight = 0
+        self.rr = 0
+        self.pending_error: errors.CorruptRecord | None = None
+        self.reason: str | None = None      # why it was unbound (None while bound)
+        self.last_partitions: frozenset[int] = frozenset()
+        self.pending_events: deque[FlowChangeUpdate] = deque()
+        self.callback: Callable[[FlowChangeUpdate], None] | None = None
+        self.local = None            # the LocalEndpoint after this process took delivery over
+
+    # the FlowEndpoint interface ------------------------------------------------
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        dispatcher = self.group.dispatcher
+
+        def collect(max_messages: int) -> list[Message] | None:
+            if self.local is not None:
+                return None
+            return self.group.collect(self, max_messages)
+        msgs = dispatcher.wait_for_messages(collect, max_messages, timeout)
+        if msgs is None:                     # taken over meanwhile: the local flow receives
+            return self.local.receive(max_messages, timeout)
+        return msgs
+
+    def ack_async(self, msgs: Iterable[Message]):
+        if self.local is not None:
+            return self.local.ack_async(msgs)
+        return self.group.ack(self, list(msgs))
+
+    def nack(self, msg: Message) -> None:
+        if self.local is not None:
+            return self.local.nack(msg)
+        self.group.nack(self, msg)
+
+    def unbind(self) -> None:
+        if self.local is not None:
+            return self.local.unbind()
+        self.group.unbind(self)
+
+    def partitions(self) -> frozenset[int]:
+        if self.local is not None:
+            return self.local.partitions()
+        return self.group.partitions(self)
+
+    def events(self) -> list[FlowChangeUpdate]:
+        if self.local is not None:
+            return self.local.events()
+        with self.group.lock:
+            out = list(self.pending_events)
+            self.pending_events.clear()
+            return out
+
+    def unacked(self) -> int:
+        return self.local.unacked() if self.local is not None else self.inflight
+
+    def closed(self) -> bool:
+        if self.local is not None:
+            return self.local.closed()
+        return self.reason is not None
+
+    def closed_reason(self) -> str | None:
+        return self.local.closed_reason() if self.local is not None else self.reason
+
+    def on_change(self, callback) -> None:
+        self.callback = callback
+        if self.local is not None:
+            self.local.on_change(callback)
+
+    def changed(self, update: FlowChangeUpdate) -> None:
+        self.pending_events.append(update)
+        if self.callback is not None:
+            self.callback(update)
+
+    def close(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self.inflight = 0
+        self.cursors.clear()
+
+
+class FollowerQueue:
+    """This process's flows of one queue delivered by another process, and the control
+    connection they share."""
+
+    def __init__(self, dispatcher, queue: str, qid: int) -> None:
+        self.dispatcher = dispatcher
+        self.store = dispatcher.store
+        self.queue = queue
+        self.qid = qid
+        self.lock = threading.RLock()
+        self.flows: dict[str, FollowerFlow] = {}
+        self._assignment: tuple[bytes | None, bytes | None, Assignment] | None = None
+        self._reports: list = []            # (pending ack or None, flow) to report once done
+        self._closing = False
+        self._link = self._connect()
+
+    def _connect(self) -> OwnerLink:
+        return OwnerLink(self.store.path, self.queue, self.qid, self._pushed, self._lost,
+                         self._due_reports)
+
+    def _pushed(self, frame: dict) -> None:
+        """The owner pushed a FlowChangeUpdate or the closing of a flow."""
+        op = frame.get("op")
+        with self.lock:
+            flow = self.flows.get(str(frame.get("flow")))
+            if flow is None:
+                return
+            if op == "event":
+                flow.changed(FlowChangeUpdate(bool(frame.get("active")),
+                                              frozenset(frame.get("partitions", ()))))
+            elif op == "closed":
+                flow.close(str(frame.get("reason", "unbound by the delivery owner")))
+                self.flows.pop(flow.flow_id, None)
+        self.dispatcher.notify()
+
+    def _due_reports(self) -> list[dict]:
+        """The unacked counts of flows whose acks committed (or that nacked): a handoff waits
+        for them."""
+        with self.lock:
+            done = {id(f): f for p, f in self._reports if p is None or p.done()}
+            self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
+            return [{"op": "outstanding", "flow": f.flow_id,
+                     "counts": [[sp, len(c.inflight)] for sp, c in f.cursors.items()]}
+                    for f in done.values()]
+
+    def _lost(self) -> None:
+        """The owner's connection closed: take delivery over or follow the new owner."""
+        with self.lock:
+            if self._closing:
+                return
+            flows = [f for f in self.flows.values() if f.reason is None]
+        log.info("the delivery owner of queue %r is gone; %d flow(s) of this process fail over",
+                 self.queue, len(flows))
+        threading.Thread(target=self._failover, args=(flows,), name="partq-failover",
+                         daemon=True).start()
+
+    def _failover(self, flows: list[FollowerFlow]) -> None:
+        delay = FAILOVER_BACKOFF[0]
+        while not self._closing:
+            try:
+                if self.dispatcher.take_over(self.queue):
+                    self.dispatcher.forget_follower(self.queue, self)
+                    for flow in flows:
+                        self._to_local(flow)
+                    return
+                self._link = self._connect()
+                for flow in flows:
+                    self._rebind(flow)
+                return
+            except DeliveryLocked:
+                pass            # the new owner is not answering yet
+            except errors.QueueNotFound:
+                with self.lock:
+                    for flow in flows:
+                        flow.close(f"queue {self.queue!r} was deleted")
+                self.dispatcher.forget_follower(self.queue, self)
+                self.dispatcher.notify()
+                return
+            except PartqError as exc:
+                log.warning("failover of queue %r: %s; retrying", self.queue, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, FAILOVER_BACKOFF[1])
+
+    def _to_local(self, flow: FollowerFlow) -> None:
+        hint = sorted(flow.last_partitions)
+        endpoint = self.dispatcher.bind_local(self.queue, flow.name, hint or None,
+                                              flow.skip_corrupt)
+        with self.lock:
+            if flow.callback is not None:
+                endpoint.on_change(flow.callback)
+            flow.local = endpoint
+            flow.cursors.clear()
+            flow.inflight = 0
+        self.dispatcher.notify()
+
+    def _rebind(self, flow: FollowerFlow) -> None:
+        hint = sorted(flow.last_partitions)
+        reply = self._link.request({"op": "bind", "name": flow.name, "hint": hint or None,
+                               "skip_corrupt": flow.skip_corrupt})
+        with self.lock:
+            self.flows.pop(flow.flow_id, None)
+            flow.flow_id = str(reply["flow"])
+            flow.cursors.clear()           # the new epochs deliver from the ack floor again
+            flow.inflight = 0
+            self.flows[flow.flow_id] = flow
+        self.dispatcher.notify()
+
+    # ------------------------------------------------------------------ flows
+    def bind(self, name: str | None, hint: list[int] | None, skip_corrupt: bool) -> FollowerFlow:
+        reply = self._link.request({"op": "bind", "name": name, "hint": hint,
+                               "skip_corrupt": skip_corrupt})
+        flow = FollowerFlow(self, str(reply["flow"]), name, skip_corrupt)
+        with self.lock:
+            self.flows[flow.flow_id] = flow
+        flow.last_partitions = self.partitions(flow)
+        return flow
+
+    def unbind(self, flow: FollowerFlow) -> None:
+        with self.lock:
+            if flow.reason is not None:
+                return
+            flow.close("unbound by the application")
+            self.flows.pop(flow.flow_id, None)
+        try:
+            self._link.request({"op": "unbind", "flow": flow.flow_id})
+        except DeliveryLocked:
+            pass        # the owner is gone: its successor sees this flow as a ghost
+        self.dispatcher.notify()
+
+    def partitions(self, flow: FollowerFlow) -> frozenset[int]:
+        with self.store.read() as r:
+            assignment = self._read_assignment(r)
+        with self.lock:
+            held = frozenset(sp for _, sp, _ in assignment.held_by(flow.flow_id))
+            if flow.reason is None:
+                flow.last_partitions = held
+            return held
+
+    def _read_assignment(self, r) -> Assignment:
+        """The owner's assignment in read snapshot ``r`` (decoded again only when it changed)."""
+        config_raw, blob = r.queue_raw(self.queue), r.state(self.qid)
+        cached = self._assignment
+        if cached is not None and cached[0] == config_raw and cached[1] == blob:
+            return cached[2]
+        if config_raw is None:
+            raise FlowClosed(f"queue {self.queue!r} was deleted; bind again once it exists")
+        config = QueueConfig.from_dict(r.queue(self.queue))
+        if config.qid != self.qid:
+            raise FlowClosed(f"queue {self.queue!r} was deleted and created again; bind again")
+        assignment = Assignment(config, blob)
+        self._assignment = (config_raw, blob, assignment)
+        return assignment
+
+    def collect(self, flow: FollowerFlow, max_messages: int) -> list[Message]:
+        """Take up to ``max_messages`` for ``flow`` from the partitions the owner assigned it
+        (not paused), after bringing its cursors in line with the assignment."""
+        marks: dict[int, tuple[int, int]] = {}
+        skipped: dict[int, list[int]] = {}
+        out: list[Message] = []
+        with self.lock:
+            if flow.reason is not None:
+                raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.queue!r} is "
+                                 f"unbound: {flow.reason}; bind again")
+            if flow.pending_error is not None:
+                err, flow.pending_error = flow.pending_error, None
+                raise err
+            with self.store.read() as r:
+                assignment = self._read_assignment(r)
+                held = assignment.held_by(flow.flow_id)
+                flow.last_partitions = frozenset(sp for _, sp, _ in held)
+                self._sync_cursors(flow, held, r)
+                config = assignment.config
+                want = min(max_messages, config.max_delivered_unacked_per_flow - flow.inflight)
+                if not config.egress_enabled or want <= 0:
+                    return []
+                ready = sorted(sp for slot, sp, _ in held if slot not in assignment.paused)
+                if not ready:
+                    return []
+                flow.rr = (flow.rr + 1) % len(ready)
+                for sp in ready[flow.rr:] + ready[:flow.rr]:
+                    if len(out) >= want:
+                        break
+                    cursor = flow.cursors[sp]
+                    cursor.take(r, self.qid, self.queue, flow, want, out, skipped)
+                    mark = cursor.mark(r, self.qid)
+                    if mark is not None:
+                        marks[sp] = mark
+            flow.inflight += len(out)
+            if not out and flow.pending_error is not None:
+                err, flow.pending_error = flow.pending_error, None
+                raise err
+        if marks or skipped:
+            qid = self.qid
+
+            def op(w):
+                for sp, (_, mark) in marks.items():
+                    w.set_delivered_mark(qid, sp, mark)
+                for sp, seqs in skipped.items():
+                    w.ack(qid, sp, seqs)
+            try:
+                self.store.write(op)
+            except BaseException:
+                with self.lock:
+                    for sp, (old, _) in marks.items():
+                        if sp in flow.cursors:
+                            flow.cursors[sp].ack.delivered_mark = old
+                    for m in out:
+                        cursor = flow.cursors.get(m.partition)
+                        if cursor is not None and cursor.inflight.pop(m.seq, None) is not None:
+                            flow.inflight -= 1
+                            cursor.next = min(cursor.next, m.seq)
+                raise
+        return out
+
+    def _sync_cursors(self, flow: FollowerFlow, held, r) -> None:
+        """Drop the cursors of partitions the flow lost (or holds under a new epoch: delivered
+        again from the ack floor) and start one for each partition it gained."""
+        now = {sp: epoch for _, sp, epoch in held}
+        for sp, cursor in list(flow.cursors.items()):
+            if now.get(sp) != cursor.epoch:
+                flow.inflight -= len(cursor.inflight)
+                del flow.cursors[sp]
+        for sp, epoch in now.items():
+            if sp not in flow.cursors:
+                flow.cursors[sp] = Cursor(sp, r.ack_state(self.qid, sp), epoch)
+
+    def ack(self, flow: FollowerFlow, msgs: list[Message]):
+        """Apply acks in memory and queue their write, fenced in the write transaction."""
+        by_sp: dict[int, list[int]] = {}
+        with self.lock:
+            fenced = []
+            for m in msgs:
+                if m.queue != self.queue:
+                    raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of "
+                                     f"{self.queue!r}")
+                if m.partition not in flow.cursors:
+                    fenced.append(m)
+            if fenced:
+                raise fenced_error(self.queue, flow, fenced, "acked")
+            epochs = {}
+            for m in msgs:
+                cursor = flow.cursors[m.partition]
+                if m.seq > cursor.ack.delivered_mark:
+                    raise InvalidAck(f"{self.queue} partition {m.partition} seq {m.seq} was "
+                                     f"never delivered")
+                if not cursor.ack.is_acked(m.seq):
+                    by_sp.setdefault(m.partition, []).append(m.seq)
+                    epochs[m.partition] = cursor.epoch
+            for sp, seqs in by_sp.items():
+                cursor = flow.cursors[sp]
+                cursor.ack.add(seqs)
+                for s in seqs:
+                    if cursor.inflight.pop(s, None) is not None:
+                        flow.inflight -= 1
+        if not by_sp:
+            return None
+        qid, name, flow_id = self.qid, self.queue, flow.flow_id
+        by_msg = {(m.partition, m.seq): m for m in msgs}
+
+        def op(w):
+            assignment = Assignment(QueueConfig.from_dict(w.queue(name)), w.state(qid)) \
+                if w.queue_raw(name) is not None else None
+            lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
+                    if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
+            if lost:
+                raise fenced_error(name, flow, lost, "acked")
+            for sp, seqs in by_sp.items():
+                w.ack(qid, sp, seqs)
+        pending = self.store.submit(op)
+        with self.lock:
+            self._reports.append((pending, flow))
+        self.dispatcher.notify()
+        return pending
+
+    def nack(self, flow: FollowerFlow, msg: Message) -> None:
+        with self.lock:
+            cursor = flow.cursors.get(msg.partition)
+            if cursor is None:
+                raise fenced_error(self.queue, flow, [msg], "nacked")
+            if cursor.inflight.get(msg.seq) != flow.flow_id:
+                return
+            for seq in sorted(s for s in cursor.inflight if s >= msg.seq):
+                del cursor.inflight[seq]
+                flow.inflight -= 1
+            cursor.redeliver_upto = max(cursor.redeliver_upto, cursor.high)
+            cursor.next = min(cursor.next, msg.seq)
+            self._reports.append((None, flow))
+        self.dispatcher.notify()
+
+    def close(self) -> None:
+        """This process is closing: its flows end, the owner sees the connection close."""
+        with self.lock:
+            self._closing = True
+            for flow in self.flows.values():
+                flow.close("the broker was closed")
+            self.flows.clear()
+        self._link.close()
+
+    def view(self) -> dict | None:
+        """The owner's live view of the queue (None when it does not answer)."""
+        try:
+            return self._link.request({"op": "view"}).get("view")
+        except PartqError:
+            return None
