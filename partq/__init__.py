@@ -28,6 +28,7 @@ _LAZY = {
     "Message": "partq.message", "PublishResult": "partq.message", "Pending": "partq.pending",
     "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
     "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
+    "connect": "partq.client", "Client": "partq.client",
 }
 
 __all__ = sorted([*_LAZY, *_error_names])
@@ -48,6 +49,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from partq.broker import Broker
+    from partq.client import Client, connect
     from partq.clock import ManualClock, SystemClock
     from partq.config import QueueConfig
     from partq.delivery import InvalidAck

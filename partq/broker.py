@@ -274,6 +274,12 @@ class Broker:
         self._check_writable()
         return self.publisher.publish_many(queue, items, checkpoint)
 
+    def publish_many_async(self, queue: str, items: Iterable) -> Pending:
+        """``publish_many`` without waiting for the commit: bad input raises here, and the
+        returned ``Pending.result()`` gives the results once the whole batch is durable."""
+        self._check_writable()
+        return self.publisher.publish_many_async(queue, items)
+
     def checkpoint(self, queue: str, name: str) -> int | None:
         """The last position ``publish_many(queue, ..., checkpoint=(name, position))`` stored."""
         return self.publisher.checkpoint(queue, name)

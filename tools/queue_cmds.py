@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import click
 
@@ -213,8 +214,12 @@ def show(app: App, name: str, out: Output) -> None:
                for p in st.partitions], indent="  ")
     out.echo()
     if st.flows:
-        out.table(["FLOW", "NAME", "BOUND", "ACTIVE", "PARTITIONS"],
-                  [[f.flow, f.name, f.bound, f.active,
+        now = time.time()
+        out.table(["FLOW", "NAME", "BOUND", "ACTIVE", "PROCESS", "CONNECTED", "LAST HEARD",
+                   "PARTITIONS"],
+                  [[f.flow, f.name, f.bound, f.active, f.client,
+                    None if f.connected_at is None else f"{now - f.connected_at:.0f}s ago",
+                    None if f.heartbeat_age is None else f"{f.heartbeat_age:.1f}s ago",
                     ",".join(partition_label(p) for p in f.partitions) or None]
                    for f in st.flows], indent="  ")
     else:

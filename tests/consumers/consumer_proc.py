@@ -12,6 +12,7 @@ first N messages it receives unacked until the file LOG.go exists, then acks the
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -40,6 +41,7 @@ def main() -> int:
     args = ap.parse_args()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    faulthandler.register(signal.SIGUSR1)      # a test that times out asks for the stacks
     log = Log(args.log)
     broker = partq.Broker.open(args.data)
     flow = broker.bind(args.queue, name=args.name)

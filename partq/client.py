@@ -1,0 +1,456 @@
+"""``partq.connect``: publish and consume through ``partq serve`` from any host (S31).
+
+    client = partq.connect("10.0.0.5:7020", token=open("token").read(), ssl=ssl_context)
+    client.publish("orders", b"payload", key="customer-42")     # durable when it returns
+    flow = client.bind("orders", name="svc-a")                 # a Flow, as Broker.bind gives
+    for msg in flow.receive(max_messages=100, timeout=1.0):
+        flow.ack(msg)
+
+A client keeps one connection. Messages are pushed to it within the flow's credit
+(``max_delivered_unacked_per_flow``), so receiving costs no round trip; acks travel in batches
+(``ack_many``) and return once durable. When the connection drops the client reconnects with
+backoff and binds its flows again, presenting each one's partition set as its hint (S15): back
+within the rebalance delay, a flow gets its partitions back. Requests made meanwhile wait for
+the connection (up to the client's timeout); a publish whose answer was lost with the
+connection raises ``ServerUnavailable``: it may or may not be stored (an unknown outcome, as
+with Kafka).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl as ssl_module
+import threading
+import time
+from collections import deque
+from typing import Iterable
+
+from partq import errors
+from partq.errors import FlowClosed, FlowFenced, PartqError, ServerUnavailable
+from partq.flow import Flow
+from partq.message import FlowChangeUpdate, Message, PublishResult
+from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.wire import (HEADER, FrameError, client_handshake, encode_frame, parse_address,
+                        read_token, recv_frame, send_frame)
+
+log = logging.getLogger("partq.client")
+
+MAX_FRAME = 64 << 20
+BACKOFF = (0.05, 2.0)
+
+
+def connect(address: str, token: str | bytes | None = None, ssl: ssl_module.SSLContext | None = None,
+            *, token_file: str | None = None, timeout: float = 10.0) -> "Client":
+    """Connect to ``partq serve`` at ``HOST:PORT``. ``token`` (or ``token_file``) proves this
+    client to the server by challenge-response (the token is never sent); ``ssl``: a client
+    ``SSLContext`` to speak TLS (the server must have ``--tls-cert``). Raises
+    ``ServerUnavailable``, ``AuthenticationFailed`` or ``ProtocolMismatch`` with what to do."""
+    return Client(address, read_token(token, token_file), ssl, timeout)
+
+
+class RemotePending:
+    """The answer to a request, once it comes (``Pending``'s interface)."""
+
+    __slots__ = ("_event", "_value", "_error", "_convert")
+
+    def __init__(self, convert=lambda frame: frame) -> None:
+        self._event = threading.Event()
+        self._value = self._error = None
+        self._convert = convert
+
+    def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
+        if error is None and frame is not None and frame.get("op") == "error":
+            error = remote_error(frame)
+        if error is None:
+            try:
+                self._value = self._convert(frame)
+            except Exception as exc:  # noqa: BLE001 - a malformed answer reaches its caller
+                error = errors.ProtocolMismatch(f"malformed answer from the server: {exc!r}")
+        self._error = error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None):
+        if not self._event.wait(timeout):
+            raise ServerUnavailable(f"no answer from the server within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def remote_error(frame: dict) -> PartqError:
+    cls = getattr(errors, str(frame.get("error")), PartqError)
+    if not (isinstance(cls, type) and issubclass(cls, PartqError)):
+        cls = PartqError
+    message = str(frame.get("message", "the server refused"))
+    if cls is FlowFenced:
+        return FlowFenced(message, [Message("", p, s, None, b"", None, 0, False)
+                                    for p, s in frame.get("messages", [])])
+    return cls(message)
+
+
+def _results(frame: dict) -> list[PublishResult]:
+    return [PublishResult(p, s, bool(d)) for p, s, d in frame["results"]]
+
+
+def _item(item) -> list:
+    """A batch item (payload, (payload, key) or (payload, key, headers)) as sent."""
+    if isinstance(item, tuple):
+        return list(item) + [None] * (3 - len(item))
+    return [item, None, None]
+
+
+class Client:
+    def __init__(self, address: str, token: bytes | None,
+                 ssl_context: ssl_module.SSLContext | None, timeout: float) -> None:
+        self.address = address
+        self._addr = parse_address(address)
+        self._token, self._ssl, self.timeout = token, ssl_context, timeout
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._connected = threading.Condition(self._lock)
+        self._requests: dict[int, RemotePending] = {}
+        self._next_req = 0
+        self._flows: dict[str, RemoteEndpoint] = {}
+        self._closed = False
+        self._beat = 10.0
+        self.max_frame = MAX_FRAME
+        self._sock: socket.socket | None = None
+        self._sock = self._open()
+        self._start(self._sock)
+
+    # ------------------------------------------------------------------ connection
+    def _open(self) -> socket.socket:
+        try:
+            sock = socket.create_connection(self._addr, timeout=self.timeout)
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot reach partq serve at {self.address}: "
+                                    f"{exc.strerror or exc}; check the address and that the "
+                                    f"server runs") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._addr[0])
+            hello = client_handshake(sock, "serve", self._token, self.timeout, pid=os.getpid(),
+                                     host=socket.gethostname())
+        except (OSError, FrameError, ssl_module.SSLError) as exc:
+            sock.close()
+            raise ServerUnavailable(f"partq serve at {self.address} dropped the connection "
+                                    f"during the handshake ({exc}); check TLS and the token") \
+                from None
+        except PartqError:
+            sock.close()
+            raise
+        self.max_frame = int(hello.get("max_frame", MAX_FRAME))
+        return sock
+
+    def _start(self, sock: socket.socket) -> None:
+        threading.Thread(target=self._read_loop, args=(sock,), name="partq-client-read",
+                         daemon=True).start()
+        threading.Thread(target=self._beat_loop, args=(sock,), name="partq-client-beat",
+                         daemon=True).start()
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        try:
+            while True:
+                frame = recv_frame(sock, MAX_FRAME)
+                if isinstance(frame, dict):
+                    self._dispatch(frame)
+        except (FrameError, OSError, ssl_module.SSLError):
+            pass
+        self._lost(sock)
+
+    def _dispatch(self, frame: dict) -> None:
+        req = frame.get("req")
+        if req is not None:
+            with self._lock:
+                pending = self._requests.pop(req, None)
+            if pending is not None:
+                pending.resolve(frame)
+            return
+        with self._lock:
+            endpoint = self._flows.get(str(frame.get("flow")))
+        if endpoint is not None:
+            endpoint.pushed(frame)
+
+    def _beat_loop(self, sock: socket.socket) -> None:
+        while self._sock is sock and not self._closed:
+            time.sleep(min(self._beat / 4, 1.0))
+            try:
+                self._send(sock, {"op": "beat"})
+            except OSError:
+                return
+
+    def _send(self, sock: socket.socket, frame: dict) -> None:
+        with self._send_lock:
+            send_frame(sock, frame)
+
+    def _lost(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._sock is not sock:
+                return
+            self._sock = None
+            pending, self._requests = list(self._requests.values()), {}
+            flows = list(self._flows.values())
+        for p in pending:
+            p.resolve(None, ServerUnavailable(f"lost the connection to {self.address} before the "
+                                              f"answer: the request may or may not have taken "
+                                              f"effect"))
+        if self._closed:
+            return
+        for endpoint in flows:
+            endpoint.disconnected()
+        log.warning("lost the connection to %s; reconnecting", self.address)
+        threading.Thread(target=self._reconnect, name="partq-client-reconnect",
+                         daemon=True).start()
+
+    def _reconnect(self) -> None:
+        delay = BACKOFF[0]
+        while not self._closed:
+            try:
+                sock = self._open()
+            except PartqError as exc:
+                log.info("reconnecting to %s: %s", self.address, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, BACKOFF[1])
+                continue
+            with self._lock:
+                flows = list(self._flows.values())
+                self._flows = {}
+                self._sock = sock
+                self._connected.notify_all()
+            self._start(sock)
+            for endpoint in flows:
+                try:
+                    endpoint.rebind()
+                except PartqError as exc:
+                    endpoint.lost(f"could not bind again after a reconnect: {exc}")
+            log.info("reconnected to %s; %d flow(s) bound again", self.address, len(flows))
+            return
+
+    def request(self, frame: dict, convert=lambda frame: frame) -> RemotePending:
+        """Send a request; the returned handle's ``result()`` gives the converted answer."""
+        pending = RemotePending(convert)
+        deadline = time.monotonic() + self.timeout
+        with self._lock:
+            while self._sock is None:
+                if self._closed:
+                    raise errors.BrokerClosed("the client is closed; connect again")
+                if not self._connected.wait(max(deadline - time.monotonic(), 0)):
+                    raise ServerUnavailable(f"no connection to {self.address} for "
+                                            f"{self.timeout:g} s")
+            self._next_req += 1
+            req = self._next_req
+            data = encode_frame({**frame, "req": req})
+            if len(data) - HEADER.size > self.max_frame:
+                raise errors.InvalidMessage(
+                    f"the request is {len(data)} bytes and partq serve at {self.address} takes "
+                    f"frames of at most {self.max_frame}: split the batch (or raise the "
+                    f"server's --max-frame)")
+            self._requests[req] = pending
+            sock = self._sock
+        try:
+            with self._send_lock:
+                sock.sendall(data)
+        except OSError:
+            pass      # the reading thread resolves it with the loss
+        return pending
+
+    def call(self, frame: dict, convert=lambda frame: frame):
+        return self.request(frame, convert).result(self.timeout + 60)
+
+    # ------------------------------------------------------------------ the API
+    def publish(self, queue: str, payload: bytes, key: str | None = None,
+                headers: dict | None = None) -> PublishResult:
+        """Publish one message; return once it is durable on the server (S23)."""
+        return self.publish_async(queue, payload, key, headers).result()
+
+    def publish_async(self, queue: str, payload: bytes, key: str | None = None,
+                      headers: dict | None = None) -> RemotePending:
+        """Publish without waiting: ``result()`` gives the ``PublishResult`` once durable.
+        Many may be in flight on one connection; they share the server's commits."""
+        return self.request({"op": "publish", "queue": queue, "items": [[payload, key, headers]]},
+                            lambda frame: _results(frame)[0])
+
+    def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
+        """Publish a batch in one transaction on the server (all or nothing)."""
+        return self.request({"op": "publish", "queue": queue,
+                             "items": [_item(i) for i in items]}, _results).result()
+
+    def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
+             skip_corrupt: bool = False) -> Flow:
+        """Bind a flow (S15, S17 as ``Broker.bind``); it has every method of ``Flow``."""
+        endpoint = RemoteEndpoint(self, queue, name, skip_corrupt)
+        endpoint.bind(None if hint is None else sorted(hint))
+        return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
+
+    def attach(self, flow_id: str, endpoint: "RemoteEndpoint", consumer_timeout: float) -> None:
+        """Route ``flow_id``'s pushes to ``endpoint``; beat often enough for its queue."""
+        with self._lock:
+            self._flows[flow_id] = endpoint
+            self._beat = min(self._beat, consumer_timeout)
+
+    def detach(self, flow_id: str) -> None:
+        with self._lock:
+            self._flows.pop(flow_id, None)
+
+    def queue_status(self, queue: str) -> QueueStatus:
+        doc = self.call({"op": "status", "queue": queue})["status"]
+        return QueueStatus(**{**doc, "partitions": [PartitionStatus(**p) for p in doc["partitions"]],
+                              "flows": [FlowStatus(**f) for f in doc["flows"]]})
+
+    def close(self) -> None:
+        """Unbind every flow (a closed connection is an unbind) and close the connection."""
+        with self._lock:
+            self._closed = True
+            sock, self._sock = self._sock, None
+            self._connected.notify_all()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RemoteEndpoint:
+    """A flow served over a connection: the ``FlowEndpoint`` its ``Flow`` calls. Messages the
+    server pushed wait in ``buffer`` until received."""
+
+    def __init__(self, client: Client, queue: str, name: str | None, skip_corrupt: bool) -> None:
+        self.client, self.queue, self.name, self.skip_corrupt = client, queue, name, skip_corrupt
+        self.flow_id = ""
+        self._cond = threading.Condition()
+        self._buffer: deque[tuple[int, Message]] = deque()    # (deliver frame n, message)
+        self._unacked: set[tuple[int, int]] = set()
+        self._partitions: frozenset[int] = frozenset()
+        self._events: deque[FlowChangeUpdate] = deque()
+        self._callback = None
+        self._error: PartqError | None = None
+        self._reason: str | None = None
+
+    def bind(self, hint: list[int] | None) -> None:
+        reply = self.client.call({"op": "bind", "queue": self.queue, "name": self.name,
+                                  "hint": hint, "skip_corrupt": self.skip_corrupt})
+        with self._cond:
+            self.flow_id = str(reply["flow"])
+            self._partitions = frozenset(reply["partitions"])
+        self.client.attach(self.flow_id, self, float(reply.get("consumer_timeout", 10.0)))
+
+    def rebind(self) -> None:
+        """After a reconnect: bind again under the name, presenting the partition set."""
+        self.bind(sorted(self._partitions) or None)
+
+    def disconnected(self) -> None:
+        """What was pushed and not received comes again (marked) after the rebind."""
+        with self._cond:
+            self._buffer.clear()
+
+    def lost(self, reason: str) -> None:
+        with self._cond:
+            self._reason = reason
+            self._cond.notify_all()
+
+    def pushed(self, frame: dict) -> None:
+        op = frame.get("op")
+        with self._cond:
+            if op == "deliver":
+                n = frame["n"]
+                for p, s, key, payload, headers, ts, redelivered in frame["messages"]:
+                    self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
+                                                    redelivered)))
+            elif op == "state":
+                self._partitions = frozenset(frame["partitions"])
+            elif op == "event":
+                update = FlowChangeUpdate(bool(frame["active"]), frozenset(frame["partitions"]))
+                self._partitions = update.partitions
+                self._events.append(update)
+                if self._callback is not None:
+                    self._callback(update)
+            elif op == "closed":
+                self._reason = str(frame.get("reason", "unbound by the server"))
+                self.client.detach(self.flow_id)
+            elif op == "error":
+                self._error = remote_error(frame)
+            self._cond.notify_all()
+
+    # the FlowEndpoint interface ------------------------------------------------
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._reason is not None and not self._buffer:
+                    raise FlowClosed(f"flow {self.name or self.flow_id} of queue {self.queue!r} "
+                                     f"is unbound: {self._reason}; bind again")
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                if self._buffer:
+                    out = []
+                    while self._buffer and len(out) < max_messages:
+                        out.append(self._buffer.popleft()[1])
+                    self._unacked.update((m.partition, m.seq) for m in out)
+                    return out
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+
+    def ack_async(self, msgs: Iterable[Message]) -> RemotePending:
+        ids = [[m.partition, m.seq] for m in msgs]
+        with self._cond:
+            self._unacked.difference_update(map(tuple, ids))
+        return self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
+                                   lambda frame: None)
+
+    def nack(self, msg: Message) -> None:
+        reply = self.client.call({"op": "nack", "flow": self.flow_id,
+                                  "id": [msg.partition, msg.seq]})
+        upto = reply.get("upto", 0)
+        with self._cond:       # the copies the nack gives back come again, marked
+            self._buffer = deque((n, m) for n, m in self._buffer
+                                 if not (n <= upto and m.partition == msg.partition
+                                         and m.seq >= msg.seq))
+            self._unacked = {(p, s) for p, s in self._unacked
+                             if not (p == msg.partition and s >= msg.seq)}
+
+    def unbind(self) -> None:
+        with self._cond:
+            if self._reason is not None:
+                return
+            self._reason = "unbound by the application"
+        self.client.detach(self.flow_id)
+        try:
+            self.client.call({"op": "unbind", "flow": self.flow_id})
+        except ServerUnavailable:
+            pass           # the connection is gone: the server unbound it already
+
+    def partitions(self) -> frozenset[int]:
+        return self._partitions
+
+    def events(self) -> list[FlowChangeUpdate]:
+        with self._cond:
+            out = list(self._events)
+            self._events.clear()
+            return out
+
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def closed(self) -> bool:
+        return self._reason is not None
+
+    def closed_reason(self) -> str | None:
+        return self._reason
+
+    def on_change(self, callback) -> None:
+        self._callback = callback

@@ -1,0 +1,112 @@
+"""``partq serve``: run delivery and publishing of a directory for other processes and hosts."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import ssl
+import sys
+import threading
+import time
+
+import click
+
+from partq.listener import Limits
+from partq.server import Server
+from partq.tools.common import App, UserError, pass_app
+from partq.tools.output import Output, output_options
+from partq.wire import read_token
+
+LOG_FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": round(record.created, 3), "level": record.levelname.lower(),
+                           "logger": record.name, "message": record.getMessage()})
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("partq")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise click.UsageError("pass both --tls-cert and --tls-key, or neither")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UserError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
+    return context
+
+
+@click.command()
+@click.option("--listen", metavar="HOST:PORT",
+              help="Serve clients of other hosts on this TCP address (nothing listens without "
+                   "it; without --token-file only loopback clients are let in).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="A file whose first line is the shared token clients must prove.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="PEM certificate for TLS.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key for TLS.")
+@click.option("--max-connections", type=click.IntRange(1, 100_000), default=256,
+              show_default=True, help="Connections served at once; more are refused.")
+@click.option("--idle-timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
+              help="Seconds a connection may send nothing (a client with flows beats more "
+                   "often: its queues' consumer timeout applies).")
+@click.option("--max-frame", type=click.IntRange(1024), default=16 << 20, show_default=True,
+              help="Largest frame, in bytes, a client may send.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True, help="Least severe log lines written.")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="Log lines as text or as one JSON object each (on stderr).")
+@output_options
+@pass_app
+def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | None,
+          tls_key: str | None, max_connections: int, idle_timeout: float, max_frame: int,
+          log_level: str, log_format: str, out: Output) -> None:
+    """Run delivery (and, with --listen, publishing) of every queue in --data DIR until
+    SIGTERM or Ctrl-C.
+
+    Consumers in other processes of this host follow it over its Unix sockets; clients on other
+    hosts reach it with partq.connect("HOST:PORT", token=...). It logs one line per connection,
+    bind, disconnect and rebalance on stderr.
+    """
+    configure_logging(log_level, log_format)
+    token = read_token(token_file=token_file) if token_file else None
+    context = tls_context(tls_cert, tls_key)
+    if listen is None and (token or context):
+        raise click.UsageError("--token-file and --tls-* apply to --listen")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())     # handlers only set flags
+    limits = Limits(max_frame=max_frame, idle_timeout=idle_timeout,
+                    max_connections=max_connections)
+    with app.broker(create=True) as broker:
+        server = None
+        if listen is not None:
+            server = Server(broker, listen, token=token, ssl_context=context, limits=limits)
+        else:
+            for config in broker.queues():
+                broker.dispatcher.take_over(config.name)
+        started = {"serving": app.path, "listen": server.address if server else None,
+                   "tls": context is not None, "token": token is not None,
+                   "queues": [c.name for c in broker.queues()]}
+        if out.json:
+            out.doc(started)
+        else:
+            out.echo(f"serving {app.path}" + (f" on {server.address}" if server else "")
+                     + (" with TLS" if context else "") + "; stop with Ctrl-C or SIGTERM")
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+        if server is not None:
+            server.close()
+    logging.getLogger("partq.server").info("stopped at %s", time.strftime("%H:%M:%S"))
