@@ -1,5 +1,5 @@
 # make demo: set up .venv with partq and run the demo on an embedded directory.
-# make test: set up .venv with the test, Spark and benchmark extras and run the whole suite.
+# make test: set up .venv with the test, Spark and benchmark extras; ruff, mypy, then the whole suite.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,6 +23,8 @@ demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
 test: $(FULL)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: $(FULL)

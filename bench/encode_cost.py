@@ -22,11 +22,10 @@ import json
 import sys
 import time
 
-from workloads import (KEYS, PAYLOAD, partq_broker, partq_publish_many, raw_lmdb_puts,
-                       repeat_rate)
+from workloads import KEYS, PAYLOAD, partq_broker, partq_publish_many, raw_lmdb_puts, repeat_rate
 
-from partq.publishing import encode
 from partq.config import QueueConfig
+from partq.publishing import encode
 from partq.storage.encoding import decode_record, encode_record, record_fields
 
 

@@ -403,7 +403,8 @@ def chart(runs: dict[str, Run], path: Path) -> bool:
     except ImportError:
         print("matplotlib is missing (pip install -e '.[bench]'): no chart", file=sys.stderr)
         return False
-    labels = {"random": "1. random (default)", "batch_sticky": "2. batch-creation sticky (KIP-480): held + unconsumed",
+    labels = {"random": "1. random (default)",
+              "batch_sticky": "2. batch-creation sticky (KIP-480): held + unconsumed",
               "uniform_sticky": "3. sticky, adaptive=False", "adaptive_sticky": "4. sticky, adaptive=True"}
     colors = {"random": "#888888", "batch_sticky": "#d62728", "uniform_sticky": "#1f77b4",
               "adaptive_sticky": "#2ca02c"}
@@ -429,7 +430,7 @@ def chart(runs: dict[str, Run], path: Path) -> bool:
         total = sum(run.records) or 1
         shares = [100 * r / total for r in run.records]
         right.bar(xs, shares, width=width, color=colors[s], label=labels[s].split(":")[0])
-        for x, share, r in zip(xs, shares, run.records):
+        for x, share, r in zip(xs, shares, run.records, strict=True):
             right.text(x, share + 1, str(r), ha="center", va="bottom", fontsize=6.5, rotation=90)
     right.axhline(100 / PARTITIONS, color="black", linewidth=0.8, linestyle="--", alpha=0.6)
     right.set_ylim(0, 100)
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in ("batch_sticky", "uniform_sticky"):
         print(seed_table(runs[s]) + "\n", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "partitioner.jsonl").write_text("".join(json.dumps(l) + "\n" for l in emit.lines))
+    (args.out / "partitioner.jsonl").write_text("".join(json.dumps(line) + "\n" for line in emit.lines))
     if not args.no_chart and chart(runs, args.out / "partitioner.png"):
         print(f"chart: {args.out / 'partitioner.png'}", file=sys.stderr)
     return 0

@@ -29,7 +29,8 @@ up so that a publish (put, XADD) or an ack returns only after its data was fsync
   errors. When ``redis-server`` is not on PATH, the Redis lines say ``skipped``.
 
 Publish: partq ``publish`` from 1 thread and from 32 threads, ``publish_async`` from 1 thread
-with 64 in flight (a message counts once durable), ``publish_many`` with 100 and 1000 per batch; raw LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
+with 64 in flight (a message counts once durable), ``publish_many`` with 100 and 1000 per batch; raw
+LMDB with 1, 32, 100 and 1000 puts per transaction; raw LMDB group commit (1 and
 32 Python threads each blocking until a committing thread's fsynced transaction holds its put:
 the ceiling of the 32-threads-vs-1 ratio for any Python broker with blocking publishers);
 persist-queue ``put``; litequeue ``put``; Redis ``XADD`` one at a time and pipelined by 100.
@@ -43,7 +44,8 @@ partitions of a 4-partition queue) and with 4 flows (4 threads, each its own flo
 partition of the same kind of queue); persist-queue ``get`` + ``ack`` per message; litequeue
 ``pop`` + ``done`` per message; Redis ``XREADGROUP COUNT 100`` + ``XACK`` of those 100 ids,
 unpipelined. partq once more with ``ack_many_async``: each flow receives its next 100 while the
-previous acks commit, and counts a message once its ack is durable. A slice stops when drained or after its share of ``--seconds``.
+previous acks commit, and counts a message once its ack is durable. A slice stops when drained or
+after its share of ``--seconds``.
 
 Open: ``Broker.open`` + ``queue_status`` + ``close`` on a directory holding 1M, 5M and 10M
 messages (``--sizes``), median of ``--open-reps`` after one untimed open (the page cache is
@@ -84,11 +86,24 @@ from pathlib import Path
 from statistics import median
 
 import lmdb
+from workloads import (
+    KEYS,
+    PARTITIONS,
+    PAYLOAD,
+    partq_broker,
+    partq_publish,
+    partq_publish_async,
+    partq_publish_many,
+    raw_lmdb_group_commit,
+    raw_lmdb_partitioned_puts,
+    raw_lmdb_puts,
+    repeat_rate,
+    scratch_dir,
+    threads_rate,
+    timed_rate,
+)
 
 import partq
-from workloads import (KEYS, PARTITIONS, PAYLOAD, partq_broker, partq_publish, partq_publish_async,
-                       partq_publish_many, raw_lmdb_group_commit, raw_lmdb_partitioned_puts,
-                       raw_lmdb_puts, repeat_rate, scratch_dir, threads_rate, timed_rate)
 
 PAYLOAD_STR = ("0123456789abcdef" * 16)          # litequeue stores text: 256 ASCII characters
 REPO = Path(__file__).resolve().parents[1]
@@ -441,7 +456,7 @@ def alternate(jobs: list[tuple[str, object]], seconds: float, rounds: int) -> di
                 samples[name].append(fn(seconds / rounds))
             except Skip as exc:
                 failed[name] = str(exc)
-            except Exception as exc:  # noqa: BLE001 - a peer's failure is a result to report
+            except Exception as exc:  # a peer's failure is a result to report
                 failed[name] = f"failed: {type(exc).__name__}: {exc}"
                 log(f"{name} failed in round {r + 1}: {exc!r}")
         log(f"round {r + 1}/{rounds}: " + ", ".join(
@@ -493,7 +508,7 @@ def build_open_dir(cache: Path, n: int, notes: dict) -> Path:
             if depth == n:
                 return final
             log(f"{final} holds {depth} messages, not {n}: rebuilding")
-        except Exception as exc:  # noqa: BLE001 - e.g. an older storage format: rebuild it
+        except Exception as exc:  # e.g. an older storage format: rebuild it
             log(f"{final} cannot be opened ({exc!r}): rebuilding")
         shutil.rmtree(final)
     bases = sorted((int(p.name.split("-")[1]), p) for p in cache.glob("open-*")
@@ -671,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             notes["persistqueue_default"] = persistqueue_default_sync()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # e.g. an older storage format: rebuild it
             notes["persistqueue_default"] = f"unknown ({exc})"
 
         log("publish ...")
@@ -722,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{notes['load_end'][0]:.2f} at the end")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "peers.jsonl").write_text("".join(json.dumps(l) + "\n" for l in report.lines))
+        (out / "peers.jsonl").write_text("".join(json.dumps(line) + "\n" for line in report.lines))
         (out / "peers.md").write_text(markdown(report, notes, sizes))
         chart(report, out / "peers.png", [n for n, _ in publish_jobs + consume_jobs])
     return 0
@@ -868,11 +883,11 @@ def chart(report: Report, path: Path, order: list[str]) -> None:
         log("matplotlib is not installed: no chart")
         return
     bars = [report.by_name[n] for n in order if n in report.by_name]
-    bars = [l for l in bars if not l.get("skipped") and l["value"]]
+    bars = [bar for bar in bars if not bar.get("skipped") and bar["value"]]
     if not bars:
         return
-    names = [l["name"] for l in bars]
-    values = [l["value"] for l in bars]
+    names = [bar["name"] for bar in bars]
+    values = [bar["value"] for bar in bars]
     colours = ["tab:blue" if n.startswith("partq_") else
                "tab:gray" if n.startswith("raw_lmdb") else "tab:orange" for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(bars) + 1.5))
@@ -882,7 +897,7 @@ def chart(report: Report, path: Path, order: list[str]) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("messages per second (log scale), 256-byte payloads, fsync before return")
-    for yi, v in zip(y, values):
+    for yi, v in zip(y, values, strict=True):
         ax.text(v, yi, f" {v:,.0f}", va="center", fontsize=7)
     ax.set_title("partq (blue) vs raw LMDB (grey) and peers (orange)")
     ax.set_xlim(right=max(values) * 8)

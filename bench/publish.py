@@ -51,7 +51,7 @@ def paired(raw, ours, seconds: float, rounds: int) -> tuple[float, tuple]:
     for _ in range(rounds):
         raws.append(raw(seconds / rounds))
         ours_.append(ours(seconds / rounds))
-    return median(raws), tuple(map(median, zip(*ours_)))
+    return median(raws), tuple(map(median, zip(*ours_, strict=True)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     emit("partq_publish_32_threads_msgs_per_commit", "msgs/commit", per_commit)
 
     for batch in (100, 1000):
-        peer, (ours,) = paired(lambda t: raw_lmdb_puts(batch, t),
-                               lambda t: (partq_publish_many(batch, t),), seconds, rounds)
+        peer, (ours,) = paired(lambda t, batch=batch: raw_lmdb_puts(batch, t),
+                               lambda t, batch=batch: (partq_publish_many(batch, t),), seconds,
+                               rounds)
         emit(f"raw_lmdb_put_batch_{batch}", "msgs/s", peer)
         emit(f"partq_publish_many_batch_{batch}", "msgs/s", ours, f"raw_lmdb_put_batch_{batch}", peer)
 

@@ -21,8 +21,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import partq  # noqa: E402
-from partq.rebalancer import Pause, Rebalancer  # noqa: E402
+import partq
+from partq.rebalancer import Pause, Rebalancer
 
 
 def emit(name: str, unit: str, value: float, peer: str | None = None,

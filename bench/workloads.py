@@ -60,7 +60,7 @@ def threads_rate(body, threads: int, seconds: float) -> tuple[float, int]:
         try:
             start_line.wait()
             counts[i] = body(i, deadline[0])
-        except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread below
+        except BaseException as exc:  # raised by the caller's thread below
             errors.append(exc)
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
@@ -177,7 +177,9 @@ def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
     (queue, partition, seq) key. What partq adds on top is encoding each message, choosing its
     partition and its bookkeeping."""
     import struct
+
     import msgpack
+
     from partq.storage.encoding import encode_record
     key = struct.Struct(">IIQ").pack
     pack = msgpack.Packer(use_bin_type=True).pack

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from partq.errors import *  # noqa: F401,F403  (the typed errors are part of the public API)
+from partq.errors import *  # noqa: F403  (the typed errors are part of the public API)
 from partq.errors import __all__ as _error_names
 
 __version__ = "0.1.0"
@@ -48,14 +48,21 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from partq.broker import Broker
-    from partq.client import Client, connect
-    from partq.clock import ManualClock, SystemClock
-    from partq.config import QueueConfig
-    from partq.delivery import InvalidAck
-    from partq.flow import Flow
-    from partq.hashing import key_partition
-    from partq.message import FlowChangeUpdate, Message, PublishResult
-    from partq.pending import Pending
-    from partq.status import FlowStatus, PartitionStatus, QueueStatus
-    from partq.storage.encoding import PARENT
+    # redundant aliases mark these as re-exports of the lazy names above
+    from partq.broker import Broker as Broker
+    from partq.client import Client as Client
+    from partq.client import connect as connect
+    from partq.clock import ManualClock as ManualClock
+    from partq.clock import SystemClock as SystemClock
+    from partq.config import QueueConfig as QueueConfig
+    from partq.delivery import InvalidAck as InvalidAck
+    from partq.flow import Flow as Flow
+    from partq.hashing import key_partition as key_partition
+    from partq.message import FlowChangeUpdate as FlowChangeUpdate
+    from partq.message import Message as Message
+    from partq.message import PublishResult as PublishResult
+    from partq.pending import Pending as Pending
+    from partq.status import FlowStatus as FlowStatus
+    from partq.status import PartitionStatus as PartitionStatus
+    from partq.status import QueueStatus as QueueStatus
+    from partq.storage.encoding import PARENT as PARENT

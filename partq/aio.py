@@ -13,7 +13,7 @@ and flow control.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from collections.abc import Iterable
 
 from partq import client as sync_client
 from partq.flow import Flow
@@ -22,7 +22,7 @@ from partq.status import QueueStatus
 
 
 async def connect(address: str, token: str | bytes | None = None, ssl=None, *,
-                  token_file: str | None = None, timeout: float = 10.0) -> "AsyncClient":
+                  token_file: str | None = None, timeout: float = 10.0) -> AsyncClient:
     """``partq.connect`` for asyncio."""
     return AsyncClient(await asyncio.to_thread(sync_client.connect, address, token, ssl,
                                                token_file=token_file, timeout=timeout))
@@ -41,7 +41,7 @@ class AsyncClient:
         return await asyncio.to_thread(self.sync.publish_many, queue, list(items))
 
     async def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
-                   skip_corrupt: bool = False) -> "AsyncFlow":
+                   skip_corrupt: bool = False) -> AsyncFlow:
         return AsyncFlow(await asyncio.to_thread(self.sync.bind, queue, name, hint, skip_corrupt))
 
     async def queue_status(self, queue: str) -> QueueStatus:
@@ -50,7 +50,7 @@ class AsyncClient:
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -94,7 +94,7 @@ class AsyncFlow:
     def events(self) -> list[FlowChangeUpdate]:
         return self.sync.events()
 
-    def __aiter__(self) -> "AsyncFlow":
+    def __aiter__(self) -> AsyncFlow:
         return self
 
     async def __anext__(self) -> Message:

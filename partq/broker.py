@@ -16,7 +16,7 @@ import os
 import random
 import uuid
 import weakref
-from typing import Iterable
+from collections.abc import Iterable
 
 from partq import scaling
 from partq.clock import SystemClock
@@ -54,7 +54,7 @@ def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
     _create_logs(w, new)
 
 
-_open_brokers: "weakref.WeakSet[Broker]" = weakref.WeakSet()
+_open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -88,7 +88,7 @@ class Broker:
              max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True,
              auto_tick: bool | None = None, replication_listen: str | None = None,
              replication_mode: str = "async", sync_timeout: float = 10.0,
-             standby_of: str | None = None) -> "Broker":
+             standby_of: str | None = None) -> Broker:
         """Open the partq directory ``path`` (created if missing unless ``create=False``).
 
         ``durability``: "sync" (default; publish and ack return after an fsynced commit) or
@@ -396,7 +396,7 @@ class Broker:
         self.dispatcher.close("the broker was closed")
         self._store.close()
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Broker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,7 +11,7 @@ queue's log: storage partition ``partq.PARENT`` (4294967295).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from partq.config import QueueConfig
 from partq.errors import CorruptRecord, InvalidConfig, PartitionNotFound, QueueNotFound
@@ -67,10 +67,12 @@ def describe_logs(logs: list[int], queue: str) -> str:
         return (f"queue {queue!r} has no partitions"
                 + (", only its parent-queue log (--parent)" if has_parent else ""))
     spans, start = [], numbered[0]
-    for prev, cur in zip(numbered, numbered[1:] + [None]):
-        if cur is None or cur != prev + 1:       # a span ends at prev
+    for i, prev in enumerate(numbered):
+        nxt = numbered[i + 1] if i + 1 < len(numbered) else None
+        if nxt is None or nxt != prev + 1:       # a span ends at prev
             spans.append(str(start) if start == prev else f"{start} to {prev}")
-            start = cur
+            if nxt is not None:
+                start = nxt
     text = (f"queue {queue!r} has partition{'s' if len(numbered) != 1 else ''} "
             f"{', '.join(spans)}")
     return text + (" and a parent-queue log (--parent)" if has_parent else "")

@@ -24,15 +24,23 @@ import ssl as ssl_module
 import threading
 import time
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 from partq import errors
 from partq.errors import FlowClosed, FlowFenced, PartqError, ServerUnavailable
 from partq.flow import Flow
 from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.wire import (HEADER, FrameError, client_handshake, encode_frame, parse_address,
-                        read_token, recv_frame, send_frame)
+from partq.wire import (
+    HEADER,
+    FrameError,
+    client_handshake,
+    encode_frame,
+    parse_address,
+    read_token,
+    recv_frame,
+    send_frame,
+)
 
 log = logging.getLogger("partq.client")
 
@@ -41,7 +49,7 @@ BACKOFF = (0.05, 2.0)
 
 
 def connect(address: str, token: str | bytes | None = None, ssl: ssl_module.SSLContext | None = None,
-            *, token_file: str | None = None, timeout: float = 10.0) -> "Client":
+            *, token_file: str | None = None, timeout: float = 10.0) -> Client:
     """Connect to ``partq serve`` at ``HOST:PORT``. ``token`` (or ``token_file``) proves this
     client to the server by challenge-response (the token is never sent); ``ssl``: a client
     ``SSLContext`` to speak TLS (the server must have ``--tls-cert``). Raises
@@ -56,7 +64,8 @@ class RemotePending:
 
     def __init__(self, convert=lambda frame: frame) -> None:
         self._event = threading.Event()
-        self._value = self._error = None
+        self._value: object = None
+        self._error: BaseException | None = None
         self._convert = convert
 
     def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
@@ -65,7 +74,7 @@ class RemotePending:
         if error is None:
             try:
                 self._value = self._convert(frame)
-            except Exception as exc:  # noqa: BLE001 - a malformed answer reaches its caller
+            except Exception as exc:  # a malformed answer reaches its caller
                 error = errors.ProtocolMismatch(f"malformed answer from the server: {exc!r}")
         self._error = error
         self._event.set()
@@ -287,7 +296,7 @@ class Client:
         endpoint.bind(None if hint is None else sorted(hint))
         return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
 
-    def attach(self, flow_id: str, endpoint: "RemoteEndpoint", consumer_timeout: float) -> None:
+    def attach(self, flow_id: str, endpoint: RemoteEndpoint, consumer_timeout: float) -> None:
         """Route ``flow_id``'s pushes to ``endpoint``; beat often enough for its queue."""
         with self._lock:
             self._flows[flow_id] = endpoint
@@ -315,7 +324,7 @@ class Client:
                 pass
             sock.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -395,7 +404,7 @@ class RemoteEndpoint:
                     err, self._error = self._error, None
                     raise err
                 if self._buffer:
-                    out = []
+                    out: list[Message] = []
                     while self._buffer and len(out) < max_messages:
                         out.append(self._buffer.popleft()[1])
                     self._unacked.update((m.partition, m.seq) for m in out)

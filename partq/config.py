@@ -94,11 +94,11 @@ class QueueConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "QueueConfig":
+    def from_dict(cls, d: dict) -> QueueConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
-    def updated(self, **changes) -> "QueueConfig":
+    def updated(self, **changes) -> QueueConfig:
         """A copy with user-settable fields changed (the partition count changes by scaling)."""
         refused = set(changes) - USER_SETTABLE
         if refused:

@@ -17,8 +17,9 @@ Nothing here handles signals: the caller passes ``stop()``, checked between batc
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from partq.browse import check_range, load_config, log_partitions, select_logs
 from partq.config import QueueConfig
@@ -144,17 +145,21 @@ def copy_out(broker: Broker | None, store: Store, queue: str, *, to_queue: str |
         raise CopyOutError(f"queue {queue!r} is exclusive: it delivers its parent-queue log, so "
                            f"--move would take messages from its consumers; drop --move, or "
                            f"make it non-exclusive first")
+    sink: QueueSink | FileSink
     if to_queue is not None:
         sink = QueueSink(broker, config, to_queue, range_tag)
     else:
+        assert to_file is not None          # check_copy demands one destination
         sink = FileSink(to_file, fmt, config, overwrite)
     try:
         reports = plan(store, config, parts, from_seq or 0, to_seq, sink)
         moved = [0]
         remove = None
-        if move:
+        if move and broker is not None:
+            mover = broker
+
             def remove(seqs: list[int]) -> None:
-                moved[0] += broker.ack_parent(queue, seqs)
+                moved[0] += mover.ack_parent(queue, seqs)
             # an interrupted move may have copied a batch without removing it: remove what
             # that run (this same copy of this same queue) proved copied, and nothing else
             with store.read() as r:

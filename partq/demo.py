@@ -65,7 +65,7 @@ def run(data: str, fresh: bool = True) -> None:
         _show(broker, flows, "handoff done: 2/2/2/1")
 
         total = 0
-        for name, flow in flows.items():
+        for flow in flows.values():
             while msgs := flow.receive(max_messages=100, timeout=0.2):
                 flow.ack_many(msgs)
                 total += len(msgs)

@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import errno
 
-from partq.storage.errors import (BrokerClosed, CorruptRecord, CorruptStore, Diverged,
-                                  FormatVersionMismatch, InvalidConfig, NotAPartqStore, PartqError,
-                                  StorageFull, UsedAcrossFork)
+from partq.storage.errors import (
+    BrokerClosed,
+    CorruptRecord,
+    CorruptStore,
+    Diverged,
+    FormatVersionMismatch,
+    InvalidConfig,
+    NotAPartqStore,
+    PartqError,
+    StorageFull,
+    UsedAcrossFork,
+)
 
-__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord", "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig", "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed", "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged", "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced", "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable"]
+__all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord",
+           "StorageFull", "UsedAcrossFork", "QueueNotFound", "QueueExists", "InvalidConfig",
+           "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed",
+           "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged",
+           "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced",
+           "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable"]
 
 
 class QueueNotFound(PartqError):
@@ -90,7 +104,7 @@ def describe_os_error(exc: OSError, doing: str | None = None) -> str:
             errno.EPERM: "check its permissions", errno.ENOSPC: "free some disk space",
             errno.EISDIR: "pass a file, not a directory",
             errno.ENOTDIR: "a part of the path is a file, not a directory",
-            errno.EROFS: "pass a writable location"}.get(exc.errno, "check the path and retry")
+            errno.EROFS: "pass a writable location"}.get(exc.errno or 0, "check the path and retry")
     return f"{doing or 'cannot access'}{where}: {what}; {hint}"
 
 

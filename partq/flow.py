@@ -10,7 +10,8 @@ Thread-safety: a Flow may be used from several threads.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, Iterator, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending
@@ -134,7 +135,7 @@ class Flow:
         redelivered. A named flow that binds again within the rebalance delay gets them back."""
         self._endpoint.unbind()
 
-    def __enter__(self) -> "Flow":
+    def __enter__(self) -> Flow:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -15,8 +15,8 @@ import logging
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from partq.errors import InvalidConfig
 from partq.wire import FrameError, HandshakeFailed, parse_address, server_handshake
@@ -73,7 +73,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 conn, peer = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

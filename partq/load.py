@@ -18,16 +18,18 @@ class LoadSampler:
     def __init__(self) -> None:
         self._taken = float("-inf")
         self._load: PartitionLoad | None = None
+        self._backlog: list[int] = []          # the sample's backlog, kept honest between samples
         self._progress: list[tuple[int, int]] = []
         self._accepted: list[float] = []
 
     def load(self, reader, qid: int, n: int, now: float) -> PartitionLoad:
-        if self._load is not None and len(self._load.backlog) == n and now - self._taken < SAMPLE_INTERVAL:
+        if self._load is not None and len(self._backlog) == n \
+                and now - self._taken < SAMPLE_INTERVAL:
             return self._load
         if len(self._progress) != n:
             self._progress = [(-1, -1)] * n
             self._accepted = [now] * n
-        backlog = []
+        backlog: list[int] = []
         for p in range(n):
             ack = reader.ack_state(qid, p)
             progress = (ack.floor, len(ack.above))
@@ -36,10 +38,11 @@ class LoadSampler:
                 self._accepted[p] = now
             backlog.append(max(0, ack.backlog(reader.head(qid, p))))
         self._taken = now
+        self._backlog = backlog
         self._load = PartitionLoad(backlog, list(self._accepted))
         return self._load
 
     def note_appended(self, p: int, count: int) -> None:
         """Keep the cached backlog honest between samples (this process's own publishes)."""
-        if self._load is not None and p < len(self._load.backlog):
-            self._load.backlog[p] += count
+        if p < len(self._backlog):
+            self._backlog[p] += count

@@ -15,8 +15,9 @@ from one thread (inside the write transaction that places the message).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from partq.errors import InvalidConfig
 
@@ -155,13 +156,13 @@ class StickyPartitioner:
         if n != self._n:
             self._restart(n)
         p = self._current
-        adaptive = self._adaptive and load is not None
+        adaptive = load if self._adaptive else None      # the load when adapting to it
         if p is None:
-            p = self._switch(n, load, now) if adaptive else self._least_filled(n)
-        elif adaptive and self._timeout > 0 and self._unavailable(p, load, now):
-            available = self._available(n, load, now)
+            p = self._switch(n, adaptive, now) if adaptive is not None else self._least_filled(n)
+        elif adaptive is not None and self._timeout > 0 and self._unavailable(p, adaptive, now):
+            available = self._available(n, adaptive, now)
             if available:  # abandon the stuck partition now rather than at the next switch
-                p = self._pick_weighted(available, load)
+                p = self._pick_weighted(available, adaptive)
                 self._stint_bytes = 0
                 self._ledger = [0] * n
         self._current = p
@@ -202,7 +203,7 @@ class StickyPartitioner:
         # = 1.215 passes 1 and stops at 1.25, choosing the second candidate.
         r = self._rng.random() * sum(weights)
         acc = 0.0
-        for p, w in zip(candidates, weights):
+        for p, w in zip(candidates, weights, strict=True):
             acc += w
             if r < acc:
                 return p

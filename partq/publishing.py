@@ -11,18 +11,25 @@ Thread-safety: ``encode``, ``publish_async`` and ``publish_many`` may be called 
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from collections.abc import Iterable
 
 from partq.config import QueueConfig
 from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound
 from partq.hashing import crc32c_of
 from partq.load import LoadSampler
 from partq.message import PublishResult
-from partq.partitioners import make_partitioner
+from partq.partitioners import RandomPartitioner, StickyPartitioner, make_partitioner
 from partq.pending import Pending
 from partq.storage import crashpoints
-from partq.storage.encoding import (PARENT, check_headers, decode_meta, frame_crc, pack_record_body,
-                                    pack_u64, unpack_u64)
+from partq.storage.encoding import (
+    PARENT,
+    check_headers,
+    decode_meta,
+    frame_crc,
+    pack_record_body,
+    pack_u64,
+    unpack_u64,
+)
 
 DISCARDED = PublishResult(-1, -1, discarded=True)
 COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
@@ -37,7 +44,7 @@ class _PublishOne:
 
     __slots__ = ("publisher", "queue", "items", "merge_key")
 
-    def __init__(self, publisher: "Publisher", queue: str, items: Encoded) -> None:
+    def __init__(self, publisher: Publisher, queue: str, items: Encoded) -> None:
         self.publisher, self.queue, self.items = publisher, queue, items
         self.merge_key = ("publish", id(publisher), queue)
 
@@ -45,7 +52,7 @@ class _PublishOne:
         return self.publisher.place(w, self.queue, self.items)[0]
 
     @staticmethod
-    def run_merged(w, ops: list["_PublishOne"]) -> list[PublishResult]:
+    def run_merged(w, ops: list[_PublishOne]) -> list[PublishResult]:
         first = ops[0]
         return first.publisher.place(w, first.queue, [op.items[0] for op in ops])
 
@@ -65,7 +72,8 @@ class Publisher:
         self._rng = rng
         self._configs: dict[str, QueueConfig] = {}       # caller-side cache (validation only)
         self._raw_configs: dict[bytes, QueueConfig] = {}  # writer-side decode cache
-        self._partitioners: dict[int, tuple[QueueConfig, object, LoadSampler]] = {}
+        self._partitioners: dict[int, tuple[QueueConfig, RandomPartitioner | StickyPartitioner,
+                                            LoadSampler]] = {}
 
     # ------------------------------------------------------------------ caller side
     def config(self, queue: str) -> QueueConfig:
@@ -180,13 +188,14 @@ class Publisher:
             p = key_hash % n if key_hash is not None else self._unkeyed(w, config)(len(record))
             return [p], {p: w.append(qid, p, [record])}
         try:
-            ps = [key_hash % n for key_hash, _ in items]     # all keyed: the common case
+            # all keyed, the common case; a None hash raises TypeError, handled below
+            ps = [key_hash % n for key_hash, _ in items]  # type: ignore[operator]
         except TypeError:
             choose = self._unkeyed(w, config)
             ps = [key_hash % n if key_hash is not None else choose(len(record))
                   for key_hash, record in items]
         buckets: dict[int, list[bytes]] = {p: [] for p in set(ps)}
-        for p, (_, record) in zip(ps, items):
+        for p, (_, record) in zip(ps, items, strict=True):
             buckets[p].append(record)
         firsts = {}
         for p, recs in buckets.items():

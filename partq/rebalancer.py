@@ -23,8 +23,8 @@ Choices where the seeds are silent (written down in docs/behaviour.md):
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from partq.states import PartitionState, RebalanceState
 
@@ -375,7 +375,7 @@ class Rebalancer:
         donors = [e for e in map(donor_entry, counts) if e is not None]
         heapq.heapify(recipients)
         heapq.heapify(donors)
-        moves = []
+        moves: list[tuple[int, str, str]] = []
         while True:
             r, d = top(recipients, recipient_entry), top(donors, donor_entry)
             if r is None or d is None or -d[0] - r[0] <= 1:
@@ -428,7 +428,7 @@ class Rebalancer:
 
     @classmethod
     def restored(cls, state: dict, rebalance_delay: float, max_handoff_time: float,
-                 now: float) -> "Rebalancer":
+                 now: float) -> Rebalancer:
         """The state after a broker restart: every flow of the previous run is a ghost holding
         what it held (a handoff in progress stays with its source, whose consumer still counts it
         in its hint), and the holddown runs from ``now`` so consumers can come back (S17)."""

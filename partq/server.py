@@ -71,7 +71,7 @@ class Session:
         self.sock = sock
         self.who = who
         self.limits = limits
-        self.flows: dict[str, "Pump"] = {}
+        self.flows: dict[str, Pump] = {}
         self._send_lock = threading.Lock()
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.closed = threading.Event()
@@ -96,7 +96,7 @@ class Session:
                 if not isinstance(frame, dict):
                     raise FrameError("a request must be a map")
                 self._handle(frame)
-        except socket.timeout:
+        except TimeoutError:
             reason = f"sent nothing for {self.idle_timeout():g} s"
         except (FrameError, OSError, ssl.SSLError) as exc:
             reason = str(exc) or type(exc).__name__
@@ -132,9 +132,9 @@ class Session:
                 p, s = frame["id"]
                 self._pump(frame).nack(req, p, s)
             elif op == "unbind":
-                pump = self.flows.pop(str(frame.get("flow")), None)
-                if pump is not None:
-                    pump.stop(unbind=True)
+                leaving = self.flows.pop(str(frame.get("flow")), None)
+                if leaving is not None:
+                    leaving.stop(unbind=True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
                 status = self.broker.queue_status(str(frame.get("queue")))
@@ -159,7 +159,7 @@ class Session:
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
         pump.start()
 
-    def _pump(self, frame: dict) -> "Pump":
+    def _pump(self, frame: dict) -> Pump:
         pump = self.flows.get(str(frame.get("flow")))
         if pump is None:
             raise FlowClosed(f"no flow {frame.get('flow')!r} is bound on this connection; bind "

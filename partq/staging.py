@@ -32,8 +32,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import msgpack
 
@@ -323,7 +323,7 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable) -> JobCommit
                 keys, records = _decode_chunk(raw, where)
                 if keys:
                     hashed = [(None if k is None else crc32c_of(k.encode()), r)
-                              for k, r in zip(keys, records)]
+                              for k, r in zip(keys, records, strict=True)]
                     _, dropped = broker.publisher.place_count(w, queue, hashed)
                     discarded += dropped
                 n += len(keys)

@@ -4,8 +4,8 @@ changes anything, and works while other processes publish and consume.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from partq.browse import READ_BATCH, load_config, log_partitions
 from partq.config import QueueConfig

@@ -46,15 +46,22 @@ from __future__ import annotations
 import datetime
 import decimal
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import msgpack
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, CharType, StringType, StructType, VarcharType
 
 from partq.broker import Broker
-from partq.errors import InvalidConfig, InvalidMessage, NotAPartqStore, PartqError, QueueExists, QueueNotFound
+from partq.errors import (
+    InvalidConfig,
+    InvalidMessage,
+    NotAPartqStore,
+    PartqError,
+    QueueExists,
+    QueueNotFound,
+)
 from partq.staging import DEFAULT_BATCH_ROWS, Stager, abort_job, commit_job, new_job_id
 
 __all__ = ["PartqDataSource", "PartqWriter", "PartqCommitMessage", "register"]
@@ -118,7 +125,7 @@ class PartqDataSource(DataSource):
     def name(cls) -> str:
         return "partq"
 
-    def writer(self, schema: StructType, overwrite: bool) -> "PartqWriter":
+    def writer(self, schema: StructType, overwrite: bool) -> PartqWriter:
         """Runs on the driver: check the options against the schema, make sure the queue exists
         (creating it when ``partitions`` is given), and create the job id."""
         options = self.options
@@ -150,7 +157,7 @@ class PartqDataSource(DataSource):
                     f"be binary or string: cast or serialize it (e.g. F.to_json), or drop "
                     f"payloadColumn to send whole rows as msgpack maps")
             payload_is_string = not isinstance(field.dataType, BinaryType)
-        batch_rows = _int_option(options, "batchSize", DEFAULT_BATCH_ROWS)
+        batch_rows = _int_option(options, "batchSize", DEFAULT_BATCH_ROWS) or DEFAULT_BATCH_ROWS
         partitions = _int_option(options, "partitions", None)
         path = os.path.abspath(path)
         _ensure_queue(path, queue, partitions)
@@ -246,6 +253,9 @@ class PartqWriter(DataSourceArrowWriter):
         """Runs in a task: stage this attempt's rows, return what was staged."""
         from pyspark import TaskContext
         ctx = TaskContext.get()
+        if ctx is None:
+            raise PartqError("PartqWriter.write runs inside a Spark task (it needs the task's "
+                             "context); write with df.write.format('partq') instead of calling it")
         task_partition, attempt_id = ctx.partitionId(), ctx.taskAttemptId()
         broker = Broker.open(self.path, create=False, auto_tick=False)
         try:

@@ -24,6 +24,7 @@ well-formed objects, so the checksum is what tells damage apart from data. Any f
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -31,7 +32,8 @@ from typing import NamedTuple
 import crc32c
 import msgpack
 
-from partq.storage.errors import PARENT, CorruptRecord, CorruptStore
+from partq.storage.errors import PARENT as PARENT  # re-exported: the parent queue's log
+from partq.storage.errors import CorruptRecord, CorruptStore
 
 FORMAT_VERSION = 2
 CHUNK_RECORDS = 512          # records per chunk at most
@@ -123,7 +125,7 @@ def chunk_length(value: bytes) -> int:
     unpacker.feed(value[:9])
     try:
         return max(unpacker.read_array_header() - 1, 0)
-    except Exception:  # noqa: BLE001 - a damaged header counts nothing
+    except Exception:  # a damaged header counts nothing
         return 0
 
 
@@ -154,7 +156,7 @@ def record_fields(raw: bytes) -> list | None:
         return None
     try:
         f = _unpack(body, raw=False, strict_map_key=False)
-    except Exception:  # noqa: BLE001 - msgpack raises a zoo of types on bad input
+    except Exception:  # msgpack raises a zoo of types on bad input
         return None
     if (type(f) is list and len(f) == 4 and type(f[0]) is int and type(f[3]) is bytes
             and (f[1] is None or type(f[1]) is str) and (f[2] is None or type(f[2]) is dict)):
@@ -183,7 +185,7 @@ def _damage(raw: bytes) -> str:
         return "crc32c mismatch"
     try:
         fields = _unpack(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"undecodable body ({type(exc).__name__})"
     if type(fields) is not list or len(fields) != 4:
         return "body is not a 4-field record"
@@ -202,21 +204,22 @@ class AckState:
     """
 
     floor: int = 0
-    above: set[int] | None = None
+    above: set[int] = dataclasses.field(default_factory=set)
     delivered_mark: int = -1
 
     def encode(self) -> bytes:
-        return msgpack.packb((self.floor, sorted(self.above or ()), self.delivered_mark))
+        return msgpack.packb((self.floor, sorted(self.above), self.delivered_mark))
 
     @classmethod
-    def decode(cls, raw: bytes | None, where: str) -> "AckState":
+    def decode(cls, raw: bytes | None, where: str) -> AckState:
         if raw is None:
             return cls(above=set())
         try:
             floor, above, mark = msgpack.unpackb(raw)
             return cls(int(floor), set(above), int(mark))
         except Exception:
-            raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or backup") from None
+            raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or "
+                               f"backup") from None
 
     def backlog(self, head: int) -> int:
         """Messages published and not acked, for a partition whose next sequence is ``head``."""
@@ -253,5 +256,5 @@ def encode_meta(obj) -> bytes:
 def decode_meta(raw: bytes, what: str):
     try:
         return msgpack.unpackb(raw, raw=False)
-    except Exception:
+    except Exception:  # msgpack raises a zoo of types on bad input
         raise CorruptStore(f"{what} is damaged; restore from a DR-standby or backup") from None

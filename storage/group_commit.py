@@ -21,15 +21,22 @@ import errno
 import threading
 from _thread import allocate_lock
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import lmdb
 
-from partq.storage.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
 from partq.storage import crashpoints
+from partq.storage.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
 from partq.storage.txn import Writer
 
 MAX_OPS_PER_COMMIT = 8192
+
+
+class SyncGate(Protocol):
+    """Holds the callers of commits that wrote replicated changes until they may go on."""
+
+    def hold(self, lsn: int, batch: list, results: list) -> None: ...
 
 
 class Pending:
@@ -43,7 +50,8 @@ class Pending:
         self.op = op
         self._done = allocate_lock()
         self._done.acquire()
-        self._value = self._error = None
+        self._value: object = None
+        self._error: BaseException | None = None
 
     def resolve(self, value=None, error: BaseException | None = None) -> None:
         self._value, self._error = value, error
@@ -72,7 +80,7 @@ class GroupCommitWriter:
         self.commits = 0          # counters for stats and benchmarks
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
-        self.sync_gate = None     # set by a sync-mode replication server: holds callers
+        self.sync_gate: SyncGate | None = None     # set by a sync-mode replication server: holds callers
                                   # until the standby has their commit (S27)
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
@@ -118,15 +126,15 @@ class GroupCommitWriter:
 
     def _commit(self, batch: list[Pending]) -> None:
         try:
-            results = self._run_batch(batch)
-        except BaseException as exc:  # noqa: BLE001 - every failure reaches its caller
+            outcome = self._run_batch(batch)
+        except BaseException as exc:  # every failure reaches its caller
             if len(batch) == 1:
                 batch[0].resolve(error=_translate(exc, self._store.path))
             else:
                 for item in batch:
                     self._commit([item])
             return
-        results, lsn, replicated, appended = results
+        results, lsn, replicated, appended = outcome
         if crashpoints.ENABLED:
             crashpoints.hit("after_commit_before_return")
         self.commits += 1
@@ -134,13 +142,13 @@ class GroupCommitWriter:
         if lsn:
             self.last_lsn = lsn
         gate = self.sync_gate
-        held = []
-        for pending, result, wrote in zip(batch, results, replicated):
+        held: list[tuple[Pending, object]] = []
+        for pending, result, wrote in zip(batch, results, replicated, strict=True):
             if wrote and gate is not None:
                 held.append((pending, result))
             else:
                 pending.resolve(result)
-        if held:
+        if held and gate is not None:
             gate.hold(lsn, [p for p, _ in held], [r for _, r in held])
         for fn in self._listeners:
             fn(appended)
@@ -200,7 +208,9 @@ def _run_ops(writer: Writer, batch: list[Pending]) -> tuple[list, list[bool]]:
             results[i] = batch[i].op(writer)
         else:
             ops = [batch[j].op for j in members]
-            for j, result in zip(members, type(ops[0]).run_merged(writer, ops)):
+            run_merged = cast(Any, type(ops[0])).run_merged   # ops with a merge_key have it
+            merged = run_merged(writer, ops)
+            for j, result in zip(members, merged, strict=True):
                 results[j] = result
         wrote = len(writer.changes) > before
         for j in members:

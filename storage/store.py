@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import lmdb
 
-from partq.storage.errors import (BrokerClosed, CorruptStore, FormatVersionMismatch, InvalidConfig, NotAPartqStore,
-                          StorageFull, UsedAcrossFork)
 from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION, unpack_u64
+from partq.storage.errors import (
+    BrokerClosed,
+    CorruptStore,
+    FormatVersionMismatch,
+    InvalidConfig,
+    NotAPartqStore,
+    StorageFull,
+    UsedAcrossFork,
+)
 from partq.storage.txn import DB_NAMES, Reader, Writer
 
 T = TypeVar("T")
@@ -30,9 +38,10 @@ DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
 RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
-_PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}   # what partq itself puts in a store directory
+# what partq itself puts in a store directory
+_PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}
 
-_registry: dict[str, "Store"] = {}
+_registry: dict[str, Store] = {}
 _registry_lock = threading.Lock()
 
 
@@ -115,7 +124,7 @@ class Store:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, path: str | os.PathLike, *, durability: str = "sync", map_size: int = DEFAULT_MAP_SIZE,
-             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True) -> "Store":
+             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True) -> Store:
         """Open (and create if missing and ``create``) the store in directory ``path``.
 
         ``durability="sync"`` (default): a write returns after LMDB committed it with fsync; all of
@@ -182,7 +191,7 @@ class Store:
         self.report.stale_readers_cleared = env.reader_check()
         return env
 
-    def _open_dbs(self) -> dict[str, object]:
+    def _open_dbs(self) -> dict[str, Any]:   # name -> lmdb's database handle
         env = self.env
         try:
             self._gate.enter()
@@ -199,7 +208,7 @@ class Store:
         if main_keys and b"meta" not in main_keys:
             raise NotAPartqStore(f"{self.path} holds an LMDB environment that is not a partq store; "
                                  f"pass a new or empty directory")
-        dbs: dict[str, object] = {}
+        dbs: dict[str, Any] = {}
         try:
             with self._write_txn() as txn:
                 for name in DB_NAMES:
@@ -434,7 +443,7 @@ class Store:
         with self._gate.exclusive():
             self.env.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:

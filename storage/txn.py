@@ -26,15 +26,24 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import msgpack
 
-from partq.storage.errors import Diverged, StorageFull
 from partq.storage import crashpoints
-from partq.storage.encoding import (AckState, chunk_length, chunks, decode_meta,
-                                    encode_meta, log_key, pack_u64, partition_key, unpack_chunk,
-                                    unpack_u64)
+from partq.storage.encoding import (
+    AckState,
+    chunk_length,
+    chunks,
+    decode_meta,
+    encode_meta,
+    log_key,
+    pack_u64,
+    partition_key,
+    unpack_chunk,
+    unpack_u64,
+)
+from partq.storage.errors import Diverged, StorageFull
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 _U32_MAX = 0xFFFFFFFF
@@ -170,7 +179,7 @@ class Reader:
                         cache[:] = (k, first, recs)
             lo = start - first if start > first else 0
             hi = min(len(recs), lo + limit - len(out))
-            out += zip(range(first + lo, first + hi), recs[lo:hi])
+            out += zip(range(first + lo, first + hi), recs[lo:hi], strict=True)
             if len(out) >= limit or not cur.next():
                 break
         return out

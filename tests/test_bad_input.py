@@ -21,13 +21,12 @@ import crc32c
 import lmdb
 import msgpack
 import pytest
+from helpers import drain
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import partq
 from partq.storage import decode_record, encode_record
-
-from helpers import drain
 
 PY = sys.executable
 MiB = 1 << 20
@@ -184,7 +183,7 @@ def _sound_fields(body: bytes) -> list | None:
     None, headers: dict or None, payload: bytes]; None when it holds no such record."""
     try:
         f = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception:  # noqa: BLE001 - msgpack raises a zoo of types on bad input
+    except Exception:  # msgpack raises a zoo of types on bad input
         return None
     if (type(f) is list and len(f) == 4 and type(f[0]) is int and type(f[3]) is bytes
             and (f[1] is None or type(f[1]) is str) and (f[2] is None or type(f[2]) is dict)):
@@ -588,7 +587,7 @@ def in_forked_child(fn) -> dict:
         os.close(r)
         try:
             out = {"result": fn()}
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             out = {"error": type(exc).__name__, "message": str(exc)}
         os.write(w, json.dumps(out, default=repr).encode())
         os._exit(0)

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import check_bench_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +66,7 @@ def test_every_result_is_printed_once_with_its_peer(results):
 def test_outputs_written_and_scratch_removed(quick_run, results):
     proc, scratch, out = quick_run
     jsonl = (out / "partitioner.jsonl").read_text().splitlines()
-    assert [json.loads(l) for l in jsonl] == [json.loads(l) for l in proc.stdout.splitlines()]
+    assert [json.loads(x) for x in jsonl] == [json.loads(x) for x in proc.stdout.splitlines()]
     if importlib.util.find_spec("matplotlib") is not None:
         png = out / "partitioner.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import BENCH_KEYS, BENCH_PEER_KEYS, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +40,8 @@ PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_receive_ack_many_4_flows_vs_litequeue_pop_done",
          "partq_receive_ack_many_4_vs_1_flows", "partq_receive_ack_many_async_1_flow",
          "partq_receive_ack_many_async_4_flows",
-         "partq_receive_ack_many_async_1_flow_vs_persistqueue_get_ack", "partq_open_10k_msgs", "partq_open_50k_msgs"}
+         "partq_receive_ack_many_async_1_flow_vs_persistqueue_get_ack", "partq_open_10k_msgs",
+         "partq_open_50k_msgs"}
 REDIS = {"redis_xadd", "redis_xadd_pipeline_100", "redis_xreadgroup_xack_100"}
 
 
@@ -99,7 +99,7 @@ def test_redis_runs_or_says_why(quick):
 def test_outputs_written(quick):
     proc, out, _ = quick
     jsonl = (out / "peers.jsonl").read_text().splitlines()
-    assert [json.loads(l) for l in jsonl] == [json.loads(l) for l in proc.stdout.splitlines()]
+    assert [json.loads(x) for x in jsonl] == [json.loads(x) for x in proc.stdout.splitlines()]
     md = (out / "peers.md").read_text()
     assert "| metric | partq | peer | peer value | ratio |" in md and "## Targets" in md
     if importlib.util.find_spec("matplotlib") is not None:

@@ -9,12 +9,18 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import partq.partitioners as partitioners_module
 from partq import QueueConfig
-from partq.partitioners import (PartitionLoad, RandomPartitioner, StickyPartitioner,
-                                adaptive_weights, make_partitioner)
+from partq.partitioners import (
+    PartitionLoad,
+    RandomPartitioner,
+    StickyPartitioner,
+    adaptive_weights,
+    make_partitioner,
+)
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -144,7 +150,7 @@ def test_adaptive_proportions_match_inverse_backlog():
     counts = [0, 0, 0]
     for _ in range(draws):
         counts[part.partition(3, 1, load, 0.0)] += 1
-    for got, expected in zip(counts, (1 / 1.35, 0.25 / 1.35, 0.1 / 1.35)):
+    for got, expected in zip(counts, (1 / 1.35, 0.25 / 1.35, 0.1 / 1.35), strict=True):
         sd = math.sqrt(draws * expected * (1 - expected))
         assert abs(got - draws * expected) < 5 * sd, counts
 
@@ -357,7 +363,7 @@ def test_module_is_pure():
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    runtime = imported - {"typing", "__future__", "dataclasses", "partq"}
+    runtime = imported - {"typing", "__future__", "dataclasses", "collections", "partq"}
     # ``random`` may appear only under TYPE_CHECKING, for annotations
     guarded = [n for n in ast.walk(tree) if isinstance(n, ast.If)
                and getattr(n.test, "id", None) == "TYPE_CHECKING"]

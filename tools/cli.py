@@ -46,8 +46,16 @@ def cli(ctx: click.Context, data: str) -> None:
 
 
 def _register() -> None:
-    from partq.tools import (copy_cmds, dr_cmds, inspect_cmds, queue_cmds, scale_cmds,
-                             serve_cmds, store_cmds, verify_cmds)
+    from partq.tools import (
+        copy_cmds,
+        dr_cmds,
+        inspect_cmds,
+        queue_cmds,
+        scale_cmds,
+        serve_cmds,
+        store_cmds,
+        verify_cmds,
+    )
     for command in (store_cmds.init, queue_cmds.queue, inspect_cmds.inspect, copy_cmds.copy_out,
                     scale_cmds.scale, verify_cmds.verify, store_cmds.stats, store_cmds.demo,
                     dr_cmds.standby, dr_cmds.dr, serve_cmds.serve):

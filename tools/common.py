@@ -9,7 +9,7 @@ import contextlib
 import errno
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import click
 

@@ -17,8 +17,16 @@ from partq.browse import browse, check_browse
 from partq.notation import partition_label
 from partq.storage.encoding import PARENT
 from partq.tools.common import App, pass_app, require
-from partq.tools.output import (PAYLOAD_MODES, Output, encode_payload, format_table, iso_time,
-                                output_options, printable, truncate)
+from partq.tools.output import (
+    PAYLOAD_MODES,
+    Output,
+    encode_payload,
+    format_table,
+    iso_time,
+    output_options,
+    printable,
+    truncate,
+)
 
 HEADERS = ["PARTITION", "SEQ", "KEY", "PUBLISHED", "SIZE", "ACKED", "PAYLOAD"]
 
@@ -67,7 +75,7 @@ def inspect(app: App, queue: str, partition: int | None, parent: bool, from_seq:
         return
     if not rows:
         out.echo(f"no messages in queue {queue!r} match"
-                 + (f" (partition {partition_label(PARENT if parent else partition)})"
+                 + (f" (partition {partition_label(PARENT if parent or partition is None else partition)})"
                     if partition is not None or parent else ""))
         return
     _print_rows(out, rows, width)
@@ -100,7 +108,7 @@ def _print_rows(out: Output, rows: list[dict], width: int | None) -> None:
     if width is None:
         used = max(len(line) for line in format_table(HEADERS[:-1], cells))
         width = max(24, shutil.get_terminal_size((120, 24)).columns - used - 2)
-    for row, cell in zip(rows, cells):
+    for row, cell in zip(rows, cells, strict=True):
         if row.get("corrupt"):
             shown = f"CORRUPT: {row['error']}"
         else:

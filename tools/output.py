@@ -12,8 +12,8 @@ import contextlib
 import functools
 import json
 import sys
-from datetime import datetime, timezone
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 
 import click
 
@@ -33,7 +33,7 @@ class Output:
         self.json = as_json
         self.err = err          # report on stderr: stdout carries a command's data
 
-    def to_stderr(self) -> "Output":
+    def to_stderr(self) -> Output:
         """The same output on stderr (for a command that writes its data to stdout)."""
         return Output(self.json, err=True)
 
@@ -75,7 +75,7 @@ class Output:
         """A ``progress(n, total)`` for the library (``partq.copyout``, ``partq.verify``): the
         bar of ``progress`` opens at the first call, with ``total``, and advances by each
         ``n``; it is closed when the block ends."""
-        bars = []
+        bars: list = []
 
         def advance(n: int, total: int) -> None:
             if not bars:
@@ -159,7 +159,7 @@ def iso_time(ns: int | None) -> str | None:
     if ns is None:
         return None
     try:
-        t = datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
+        t = datetime.fromtimestamp(ns / 1e9, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return str(ns)
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import ClassVar
 
 import click
 
@@ -18,8 +19,9 @@ class OnOff(click.ParamType):
     """on/off (also true/false, yes/no, 1/0) -> bool."""
 
     name = "on|off"
-    _values = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False,
-               "1": True, "0": False}
+    _values: ClassVar[dict[str, bool]] = {
+        "on": True, "off": False, "true": True, "false": False, "yes": True, "no": False,
+        "1": True, "0": False}
 
     def convert(self, value, param, ctx):
         if isinstance(value, bool):
@@ -75,7 +77,7 @@ assert {field for _, field, _, _ in SETTINGS} == set(USER_SETTABLE), "SETTINGS o
 def setting_options(func):
     """Every user-settable queue option; passes ``settings``: the fields given, by config name."""
     for opt, field, ptype, help_text in reversed(SETTINGS):
-        kwargs = {"default": None, "help": help_text}
+        kwargs: dict = {"default": None, "help": help_text}
         if ptype is not None:
             kwargs["type"] = ptype
         func = click.option(opt, field, **kwargs)(func)

@@ -12,6 +12,7 @@ import dataclasses
 import signal
 import threading
 import time
+from typing import Any
 
 import click
 
@@ -25,9 +26,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class HumanReporter(scaling.Reporter):
     def __init__(self, out: Output) -> None:
         self.out = out
-        self._bar = None
+        self._bar: Any = None          # click's progress bar while step 2 drains
         self._shown = 0
-        self._last_depth = None
+        self._last_depth: int | None = None
         self._last_line = 0.0
 
     def start(self, step: int, text: str) -> None:

@@ -106,7 +106,7 @@ def peer_uid(sock: socket.socket) -> int:
 class Connection:
     """One client process's connection, on the owner's side."""
 
-    def __init__(self, server: "ControlServer", sock: socket.socket) -> None:
+    def __init__(self, server: ControlServer, sock: socket.socket) -> None:
         self.server = server
         self.sock = sock
         self.flows: set[str] = set()
@@ -207,7 +207,7 @@ class ControlServer:
         while not self.stopping:
             try:
                 sock, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 self._check_liveness()
                 continue
             except OSError:

@@ -26,10 +26,11 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
 from partq.delivery.control import ControlServer, query_view
+from partq.delivery.endpoint import LocalEndpoint
 from partq.delivery.follower import FollowerQueue
 from partq.delivery.lock import DeliveryLock
 from partq.delivery.runtime import FlowState, QueueDelivery
@@ -89,7 +90,7 @@ class Dispatcher:
         return follower.bind(name, hint, skip_corrupt)
 
     def bind_local(self, queue: str, name: str | None, hint: list[int] | None,
-                   skip_corrupt: bool) -> "LocalEndpoint":
+                   skip_corrupt: bool) -> LocalEndpoint:
         """Bind a flow delivered by this process (``DeliveryLocked`` if another owns it)."""
         state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
         qd = self._add_flow(queue, state, hint)
@@ -184,7 +185,7 @@ class Dispatcher:
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
-            if state is None:
+            if qd is None or state is None:
                 return
             state.close("unbound")
             fut = self._submit(qd.unbind(state, self.clock.now()))
@@ -196,7 +197,7 @@ class Dispatcher:
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
-            if state is None:
+            if qd is None or state is None:
                 return
             fut = self._submit(qd.report(state, counts, self.clock.now()))
         self._commit_and_notify(fut)
@@ -222,11 +223,8 @@ class Dispatcher:
         asked over its control socket; None when no process answers for it."""
         with self._lock:
             qd = self._runtimes.get(queue)
-            if qd is not None:
-                view = qd.view(PROCESS)
-                server = self._servers.get(queue)
-            else:
-                view = server = None
+            view = qd.view(PROCESS) if qd is not None else None
+            server = self._servers.get(queue)
         if view is not None:
             clients = server.clients() if server is not None else {}
             return doc_to_view(view_to_doc(view, clients)) if clients else view
@@ -454,47 +452,3 @@ class Dispatcher:
                 lock.release()
             self._locks.clear()
         self.notify()
-
-
-class LocalEndpoint:
-    """A flow's endpoint in the process that runs its queue's delivery: ``Flow`` calls these;
-    a remote flow's endpoint offers the same methods over a connection."""
-
-    __slots__ = ("_dispatcher", "_qd", "_state")
-
-    def __init__(self, dispatcher: Dispatcher, qd: QueueDelivery, state: FlowState) -> None:
-        self._dispatcher, self._qd, self._state = dispatcher, qd, state
-
-    @property
-    def flow_id(self) -> str:
-        return self._state.flow_id
-
-    def receive(self, max_messages: int, timeout: float) -> list[Message]:
-        return self._dispatcher.receive(self._qd, self._state, max_messages, timeout)
-
-    def ack_async(self, msgs: Iterable[Message]):
-        return self._dispatcher.ack_async(self._qd, self._state, msgs)
-
-    def nack(self, msg: Message) -> None:
-        self._dispatcher.nack(self._qd, self._state, msg)
-
-    def unbind(self) -> None:
-        self._dispatcher.unbind(self._qd, self._state)
-
-    def partitions(self) -> frozenset[int]:
-        return self._dispatcher.partitions(self._qd, self._state)
-
-    def events(self) -> list[FlowChangeUpdate]:
-        return self._dispatcher.events(self._state)
-
-    def unacked(self) -> int:
-        return self._state.inflight
-
-    def closed(self) -> bool:
-        return self._state.closed
-
-    def closed_reason(self) -> str | None:
-        return self._state.closed_reason
-
-    def on_change(self, callback) -> None:
-        self._state.on_change = callback

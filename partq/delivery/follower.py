@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from partq import errors
 from partq.config import QueueConfig
@@ -42,7 +42,7 @@ class FollowerFlow:
     """A flow bound through the owner's control channel; the endpoint its ``Flow`` calls.
     After a failover that made this process the owner it delegates to a local endpoint."""
 
-    def __init__(self, group: "FollowerQueue", flow_id: str, name: str | None,
+    def __init__(self, group: FollowerQueue, flow_id: str, name: str | None,
                  skip_corrupt: bool) -> None:
         self.group = group
         self.flow_id = flow_id
@@ -68,9 +68,9 @@ class FollowerFlow:
                 return None
             return self.group.collect(self, max_messages)
         msgs = dispatcher.wait_for_messages(collect, max_messages, timeout)
-        if msgs is None:                     # taken over meanwhile: the local flow receives
+        if msgs is None and self.local is not None:   # taken over meanwhile: it receives
             return self.local.receive(max_messages, timeout)
-        return msgs
+        return msgs or []
 
     def ack_async(self, msgs: Iterable[Message]):
         if self.local is not None:
@@ -335,10 +335,10 @@ class FollowerQueue:
                         if sp in flow.cursors:
                             flow.cursors[sp].ack.delivered_mark = old
                     for m in out:
-                        cursor = flow.cursors.get(m.partition)
-                        if cursor is not None and cursor.inflight.pop(m.seq, None) is not None:
+                        taken = flow.cursors.get(m.partition)
+                        if taken is not None and taken.inflight.pop(m.seq, None) is not None:
                             flow.inflight -= 1
-                            cursor.next = min(cursor.next, m.seq)
+                            taken.next = min(taken.next, m.seq)
                 raise
         return out
 

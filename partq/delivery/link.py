@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from partq import errors
 from partq.delivery.control import MAX_CONTROL_FRAME, VERSION, UnixAddress, socket_path

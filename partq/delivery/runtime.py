@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from partq.config import QueueConfig
+from partq.delivery.cursor import Cursor
 from partq.delivery.state import DeliveryView, decode_state, encode_state, view_of
 from partq.errors import CorruptRecord, FlowClosed, FlowFenced, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
 from partq.states import DeliveryMode
 from partq.storage import crashpoints
-from partq.delivery.cursor import Cursor
 from partq.storage.encoding import PARENT
 
 log = logging.getLogger("partq.delivery")
@@ -81,7 +82,7 @@ class FlowState:
                  "closed_reason", "events", "on_change", "remote", "reported", "client")
 
     def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
-                 remote: "RemoteSink | None" = None, client: str | None = None) -> None:
+                 remote: RemoteSink | None = None, client: str | None = None) -> None:
         self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
         self.inflight = 0                 # messages delivered to it and not acked
         self.rr = 0                       # where the next receive starts among its partitions
@@ -253,7 +254,9 @@ class QueueDelivery:
 
     def _outstanding(self, p: int) -> int:
         owner = self.core.owner[p]
-        state = self.flows.get(owner) if owner is not None else None
+        if owner is None:
+            return 0
+        state = self.flows.get(owner)
         if state is not None and state.remote is not None:
             return state.reported.get(p, 0)
         return self.parts[p].outstanding(owner)
@@ -272,7 +275,7 @@ class QueueDelivery:
         return self._run(actions, now)
 
     def _forget_inflight(self, ps: Cursor) -> None:
-        for seq, fid in ps.inflight.items():
+        for fid in ps.inflight.values():
             flow = self.flows.get(fid)
             if flow is not None:
                 flow.inflight -= 1
@@ -410,7 +413,7 @@ class QueueDelivery:
             if not ps.ack.is_acked(m.seq):
                 by_p.setdefault(slot, []).append(m.seq)
         qid = self.qid
-        ops = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
+        ops: list[Callable] = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
         if not by_p:
             return ops
         for p, seqs in by_p.items():
@@ -453,7 +456,7 @@ class QueueDelivery:
             return self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return []
 
-    def check_flow(self, flow: "FlowState") -> None:
+    def check_flow(self, flow: FlowState) -> None:
         if flow.closed_reason is not None:
             raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"
                              f"{': ' + flow.closed_reason if flow.closed_reason else ''}; bind again")

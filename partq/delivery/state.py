@@ -11,8 +11,8 @@ does not run delivery.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import msgpack
 
@@ -133,11 +133,14 @@ def stored_view(state: StoredState | None, mode: str, index: list[int],
     ghosts: Unbound) are shown instead, and rebalancing is Ready."""
     if state is not None and state.mode != mode:
         state = None     # the owner has not applied an access-type change yet
-    core = (Rebalancer.restored(state.core, 0, 0, 0) if state is not None
-            else Rebalancer(len(index), 0, 0))
-    live = state is not None and owner_running
-    return view_of(core, index, state.rebalance_status if live else RebalanceState.READY,
-                   state.partition_status if live else None, bound=False, mode=mode)
+    if state is None:
+        return view_of(Rebalancer(len(index), 0, 0), index, RebalanceState.READY, None,
+                       bound=False, mode=mode)
+    core = Rebalancer.restored(state.core, 0, 0, 0)
+    if not owner_running:
+        return view_of(core, index, RebalanceState.READY, None, bound=False, mode=mode)
+    return view_of(core, index, state.rebalance_status, state.partition_status, bound=False,
+                   mode=mode)
 
 
 class Assignment:

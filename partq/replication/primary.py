@@ -27,8 +27,15 @@ import crc32c
 import msgpack
 
 from partq.errors import PartqError, ReplicationTimeout
-from partq.replication.status import (ReplicationStatus, StandbyLink, lag, primary_status,
-                                      read_slots, stored_messages, u64)
+from partq.replication.status import (
+    ReplicationStatus,
+    StandbyLink,
+    lag,
+    primary_status,
+    read_slots,
+    stored_messages,
+    u64,
+)
 from partq.storage.txn import decode_change
 from partq.wire import CHUNK, MAX_FRAME, FrameError, parse_address, recv_frame, send_frame
 
@@ -53,7 +60,7 @@ class SyncGate:
             if lsn > self._acked:
                 self._held.append((lsn, time.monotonic() + self.timeout, batch, results))
                 return
-        for pending, result in zip(batch, results):
+        for pending, result in zip(batch, results, strict=True):
             pending.resolve(result)
 
     def acked(self, lsn: int) -> None:
@@ -63,7 +70,7 @@ class SyncGate:
             while self._held and self._held[0][0] <= self._acked:
                 released.append(self._held.popleft())
         for _, _, batch, results in released:
-            for pending, result in zip(batch, results):
+            for pending, result in zip(batch, results, strict=True):
                 pending.resolve(result)
 
     def expire(self) -> None:
@@ -120,14 +127,15 @@ class ReplicationServer:
             self._new_commit.notify_all()
 
     def _expire_loop(self) -> None:
-        while not self._stop.wait(0.05):
-            self.gate.expire()
+        gate = self.gate
+        while gate is not None and not self._stop.wait(0.05):
+            gate.expire()
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="partq-repl-link", daemon=True).start()
 

@@ -117,7 +117,8 @@ class StandbyFollower:
             if kind not in ("changes", "heartbeat"):
                 raise FrameError(f"unexpected frame {kind!r}")
             applied = self._apply(frame["entries"]) if frame["entries"] else self._applied() or 0
-            self.head, self.head_time_ns, self.head_msgs = frame["head"], frame["head_time_ns"], frame["head_msgs"]
+            self.head, self.head_time_ns, self.head_msgs = (frame["head"], frame["head_time_ns"],
+                                                            frame["head_msgs"])
             send_frame(sock, {"type": "ack", "lsn": applied})
 
     def _receive_snapshot(self, sock: socket.socket, header: dict) -> None:

@@ -9,12 +9,11 @@ operator to copy out.
 from __future__ import annotations
 
 import pytest
+from broker_helpers import DELAY, drain
 
 import partq
 from partq import PARENT
 from partq.storage.encoding import log_key
-
-from broker_helpers import DELAY, drain
 
 
 def _payloads(msgs) -> list[bytes]:

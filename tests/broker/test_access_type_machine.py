@@ -17,14 +17,20 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from broker_helpers import drain
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import partq
 from partq import PARENT
-
-from broker_helpers import drain
 
 N = 3
 KEYS = ["a", "b", "c", "d", None]
@@ -73,7 +79,7 @@ class AccessMachine(RuleBasedStateMachine):
         items = [(b"x", k) for k in keys]
         results = (self.broker.publish_many("q", items) if batch
                    else [self.broker.publish("q", p, key=k) for p, k in items])
-        for (_, key), res in zip(items, results):
+        for (_, key), res in zip(items, results, strict=True):
             if self.exclusive:
                 assert res.partition == PARENT
             else:
@@ -110,8 +116,8 @@ class AccessMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def ack(self, data):
         picks = data.draw(st.lists(st.booleans(), min_size=len(self.held), max_size=len(self.held)))
-        acked = [fm for fm, pick in zip(self.held, picks) if pick]
-        self.held = [fm for fm, pick in zip(self.held, picks) if not pick]
+        acked = [fm for fm, pick in zip(self.held, picks, strict=False) if pick]
+        self.held = [fm for fm, pick in zip(self.held, picks, strict=False) if not pick]
         for flow, m in acked:
             flow.ack(m)
             if m.seq in self.unacked.get(m.partition, ()):

@@ -10,10 +10,9 @@ import textwrap
 import time
 
 import pytest
+from broker_helpers import DELAY, HANDOFF, drain
 
 import partq
-
-from broker_helpers import DELAY, HANDOFF, drain  # noqa: F401
 
 # ---------------------------------------------------------------------- helpers
 

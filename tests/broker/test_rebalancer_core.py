@@ -7,10 +7,23 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from partq.rebalancer import (HOLDDOWN, PAUSED, READY, REBALANCING, UNASSIGNED, UNBOUND, Assign,
-                              FlowActive, Pause, Rebalancer, Redeliver, Resume)
+from partq.rebalancer import (
+    HOLDDOWN,
+    PAUSED,
+    READY,
+    REBALANCING,
+    UNASSIGNED,
+    UNBOUND,
+    Assign,
+    FlowActive,
+    Pause,
+    Rebalancer,
+    Redeliver,
+    Resume,
+)
 
 DELAY = 5.0
 HANDOFF = 3.0

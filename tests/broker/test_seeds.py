@@ -7,12 +7,10 @@
 """
 from __future__ import annotations
 
-
 import pytest
+from broker_helpers import DELAY, HANDOFF, drain
 
 import partq
-
-from broker_helpers import DELAY, HANDOFF, drain  # noqa: F401
 
 # ---------------------------------------------------------------------- helpers
 

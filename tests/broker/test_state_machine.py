@@ -24,13 +24,18 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import partq
-
-
 
 DELAY = 5.0
 HANDOFF = 3.0
@@ -196,7 +201,7 @@ class BrokerMachine(RuleBasedStateMachine):
             results = self.broker.publish_many("q", items)
         else:
             results = [self.broker.publish("q", b"m", key=k) for _, k in items]
-        for r, k in zip(results, keys):
+        for r, k in zip(results, keys, strict=True):
             mid = (r.partition, r.seq)
             assert mid not in self.published
             if k is not None:
@@ -224,7 +229,7 @@ class BrokerMachine(RuleBasedStateMachine):
         slot = data.draw(st.sampled_from(sorted(s for s, h in self.held.items() if h)), label="slot")
         self.prune_held()
         held = self.held[slot]
-        chosen = [m for m, take in zip(held, pick) if take]
+        chosen = [m for m, take in zip(held, pick, strict=False) if take]
         if not chosen:
             return
         self.flows[slot].ack_many(chosen)

@@ -13,10 +13,9 @@ import time
 from collections import defaultdict
 
 import pytest
+from helpers import wait_until
 
 import partq
-
-from helpers import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYS = [f"key-{i}" for i in range(40)]

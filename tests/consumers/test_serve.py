@@ -13,14 +13,13 @@ import threading
 
 import pytest
 import trustme
+from helpers import drain, wait_until
+from tools_helpers import PARTQ_SCRIPT
 
 import partq
 import partq.aio
 from partq.listener import Limits
 from partq.server import Server
-
-from helpers import drain, wait_until
-from tools_helpers import PARTQ_SCRIPT
 
 TOKEN = "a-test-token-of-32-bytes-or-so!!"
 

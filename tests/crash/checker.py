@@ -61,7 +61,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 VIOLATIONS = ("lost", "unexpected", "delivered_after_ack", "unmarked_redeliveries",
               "order_violations", "partition_order_violations", "publish_order_violations",

@@ -19,8 +19,9 @@ import random
 import sys
 import time
 
-import partq
 from wlog import Log, delivered_event
+
+import partq
 
 
 def bind_all(broker, names, queue):

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import sys
 
+from wlog import Log, delivered_event, make_payload
+
 import partq
 from partq.storage import crashpoints
-from wlog import Log, delivered_event, make_payload
 
 KEYS = [f"key-{i}" for i in range(9)] + [None]
 
@@ -62,7 +63,7 @@ def main(data: str, log_path: str) -> int:
         log.write(*({"op": "attempt", "id": mid, "key": key} for mid, key, _ in items))
         results = b.publish_many("q", [(payload, key) for _, key, payload in items])
         log.write(*({"op": "published", "id": mid, "partition": r.partition, "seq": r.seq}
-                    for (mid, _, _), r in zip(items, results)))
+                    for (mid, _, _), r in zip(items, results, strict=True)))
 
     def receive(flow, k=4):
         msgs = flow.receive(k)
@@ -112,12 +113,12 @@ def main(data: str, log_path: str) -> int:
     consume(a)
     # 3. scale up, publish more
     scale(9)
-    for i in range(6):
+    for _ in range(6):
         single()
         batch(5)
     # 4. handoffs between a and b
-    for cycle in range(4):
-        for i in range(3):
+    for _ in range(4):
+        for _ in range(3):
             single()
             batch(4)
         kept = receive(a, 8)          # a holds these while b binds: handoffs wait for them
@@ -137,7 +138,7 @@ def main(data: str, log_path: str) -> int:
     # 5. scale down and up again, last publishes, drain
     for to in (4, 9, 3):
         scale(to)
-        for i in range(2):
+        for _ in range(2):
             batch(3)
             single()
         consume(a)

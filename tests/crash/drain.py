@@ -21,9 +21,9 @@ import sys
 import time
 
 import msgpack
+from wlog import Log, delivered_event
 
 import partq
-from wlog import Log, delivered_event
 
 
 def main(argv=None) -> int:

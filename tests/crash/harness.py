@@ -26,10 +26,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import partq
-
 import checker
 from helpers import wait_until
+
+import partq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"pub": "publisher", "con": "consumer", "scale": "scaler"}

@@ -13,8 +13,9 @@ import argparse
 import random
 import sys
 
-import partq
 from wlog import Log, make_payload
+
+import partq
 
 
 def main(argv=None) -> int:
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
                        for _, key, payload in batch]
             results = [p.result() for p in pending]
         log.write(*({"op": "published", "id": mid, "partition": r.partition, "seq": r.seq}
-                    for (mid, _, _), r in zip(batch, results)))
+                    for (mid, _, _), r in zip(batch, results, strict=True)))
     broker.close()
     return 0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import partq
 from wlog import Log
+
+import partq
 
 
 def main(argv=None) -> int:

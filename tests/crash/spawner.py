@@ -25,13 +25,13 @@ import signal
 import sys
 import traceback
 
-import partq  # noqa: F401  (imported before forking: children start warm)
-from partq.storage import crashpoints
-
 import consumer
 import drain
 import publisher
 import scaler
+
+import partq  # noqa: F401  (imported before forking: children start warm)
+from partq.storage import crashpoints
 
 SCRIPTS = {"publisher": publisher, "consumer": consumer, "scaler": scaler, "drain": drain}
 
@@ -62,7 +62,7 @@ def spawn(cmd: dict) -> int:
         code = SCRIPTS[cmd["script"]].main(cmd["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - reported through stderr and the exit status
+    except BaseException:  # reported through stderr and the exit status
         traceback.print_exc()
         code = 1
     finally:

@@ -19,12 +19,12 @@ import os
 import sys
 import time
 
-import partq  # noqa: F401  (imported before forking: the children start warm)
-from partq.storage import crashpoints
-
 import checker
 import crash_worker
 import drain
+
+import partq  # noqa: F401  (imported before forking: the children start warm)
+from partq.storage import crashpoints
 
 NEVER = 10 ** 9
 
@@ -39,7 +39,7 @@ def _child(fn, err_path: str) -> int:
         os.dup2(fd, 2)
         os.dup2(fd, 1)
         code = fn()
-    except BaseException:  # noqa: BLE001 - reported through the exit status and stderr
+    except BaseException:  # reported through the exit status and stderr
         import traceback
         traceback.print_exc()
         code = 1

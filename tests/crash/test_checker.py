@@ -10,7 +10,6 @@ import json
 import os
 
 import pytest
-
 from checker import VIOLATIONS, check, load_dir, read_log
 
 

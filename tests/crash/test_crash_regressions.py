@@ -11,9 +11,9 @@ import subprocess
 import sys
 from functools import partial
 
-import partq
-
 import helpers
+
+import partq
 
 
 def key_for(partition: int, partitions: int) -> str:

@@ -13,7 +13,6 @@ import os
 import random
 
 import pytest
-
 from harness import RoundFailed, run_rounds
 
 LONG = os.environ.get("PARTQ_CRASH_LONG") == "1"

@@ -3,8 +3,7 @@ happened, so no primary or standby outlives its test."""
 from __future__ import annotations
 
 import pytest
-
-from repl_helpers import Proc   # tests/replication is on sys.path: pyproject.toml's pythonpath
+from repl_helpers import Proc  # tests/replication is on sys.path: pyproject.toml's pythonpath
 
 
 class Procs:

@@ -22,16 +22,18 @@ import sys
 import threading
 import time
 
-import partq
 from helpers import wait_until
 from repl_helpers import key, payload, write_json
+
+import partq
 
 BATCH = 500
 SINGLES = 25
 
 
 def main() -> int:
-    path, listen, count, workdir, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    path, listen, workdir = sys.argv[1], sys.argv[2], sys.argv[4]
+    count, seed = int(sys.argv[3]), int(sys.argv[5])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     rng = random.Random(seed)
     stop = threading.Event()

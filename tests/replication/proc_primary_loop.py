@@ -5,7 +5,8 @@ publishes and small batches, keyed and unkeyed, into queue "q" (4 partitions).
 
 MODE is the replication mode ("async" | "sync"). Publishing starts once a standby is connected and
 has caught up (``ready.json``). Run again on the same DIR and WORKDIR (a restarted primary) it
-reuses the queue and continues the log; THREADS=0 publishes nothing (it only serves). After each publish (or batch) RETURNED, its messages are appended
+reuses the queue and continues the log; THREADS=0 publishes nothing (it only serves). After each
+publish (or batch) RETURNED, its messages are appended
 to WORKDIR/log as ``idx queue partition seq time`` lines (flushed, and fsynced when FSYNC is 1),
 then the count of returned messages goes up. Every ~20 ms WORKDIR/status.json is replaced with
 that count, read BEFORE the primary's ``replication_status()`` taken right after it: so every
@@ -20,10 +21,11 @@ import sys
 import threading
 import time
 
-import partq
 from helpers import wait_until
-from partq.replication import ReplicationTimeout
 from repl_helpers import key, payload, read_log, write_json
+
+import partq
+from partq.replication import ReplicationTimeout
 
 
 def main() -> int:

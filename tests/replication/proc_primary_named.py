@@ -17,9 +17,10 @@ import os
 import sys
 import time
 
-import partq
 from helpers import wait_until
 from repl_helpers import key, payload, write_json
+
+import partq
 
 
 def main() -> int:

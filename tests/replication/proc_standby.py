@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 
-import partq
 from repl_helpers import write_json
+
+import partq
 
 
 def main() -> int:

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import BENCH_KEYS, BENCH_PEER_KEYS, check_bench_lines
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "replication.py"

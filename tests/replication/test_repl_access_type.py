@@ -3,10 +3,10 @@ their messages, the parent queue's log kept, and the queue still usable after a 
 from __future__ import annotations
 
 import pytest
-
-import partq
 from helpers import wait_until
 from repl_helpers import compare_stores
+
+import partq
 
 
 @pytest.mark.timeout(60)

@@ -8,13 +8,21 @@ import random
 import time
 
 import msgpack
+import pytest
+from helpers import wait_until
+from repl_helpers import (
+    compare_stores,
+    free_port,
+    meta_of,
+    payload,
+    read_json,
+    read_log,
+    snapshot_queues,
+    stored_payloads,
+    u64,
+)
 
 from partq.storage.txn import queue_meta_key
-import pytest
-
-from helpers import wait_until
-from repl_helpers import (compare_stores, free_port, meta_of, read_json, read_log,
-                          stored_payloads, payload, snapshot_queues, u64)
 
 COUNT = 100_000
 SEED = int(os.environ.get("PARTQ_REPL_SEED", "20240527"))
@@ -26,7 +34,7 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     pdir, sdir = tmp_path / "primary", tmp_path / "standby"
     address = f"127.0.0.1:{free_port()}"
     primary = procs.start("primary", "proc_primary_bulk.py", pdir, address, COUNT, tmp_path, SEED)
-    progress = lambda: (read_json(tmp_path / "progress.json") or {}).get("published", 0)  # noqa: E731
+    progress = lambda: (read_json(tmp_path / "progress.json") or {}).get("published", 0)
 
     incarnation = [0]
     applied_seen: list[int] = []
@@ -47,8 +55,8 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     standby, status = start_standby()
     kills = []
     for frac in (rng.uniform(0.1, 0.45), rng.uniform(0.55, 0.9)):
-        wait_until(lambda: (sample(status), progress() >= frac * COUNT
-                            or read_json(tmp_path / "done.json"))[1],
+        wait_until(lambda status=status, frac=frac: (sample(status), progress() >= frac * COUNT
+                                                     or read_json(tmp_path / "done.json"))[1],
                    120, f"{frac:.0%} published", procs=[primary, standby])
         standby.kill()
         kills.append(progress())

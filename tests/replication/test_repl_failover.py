@@ -12,11 +12,18 @@ import random
 import time
 
 import pytest
+from helpers import wait_until
+from repl_helpers import (
+    compare_stores,
+    free_port,
+    payload,
+    read_json,
+    read_log,
+    snapshot_queues,
+    stored_payloads,
+)
 
 import partq
-from helpers import wait_until
-from repl_helpers import (compare_stores, free_port, payload, read_json, read_log, snapshot_queues,
-                          stored_payloads)
 
 SEED = int(os.environ.get("PARTQ_REPL_SEED", "20240527"))
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
-import partq
 from helpers import wait_until
 from repl_helpers import compare_stores, free_port, key, payload, read_json
+
+import partq
 
 
 def _start_primary(tmp_path, procs):
@@ -72,7 +72,7 @@ def _check_promoted(b: partq.Broker, ready: dict) -> None:
                     assert m.redelivered, m
             flow.ack_many(msgs)
             total += len(msgs)
-        for p, seqs in seen.items():
+        for seqs in seen.values():
             assert seqs == sorted(seqs)
     assert total == sum(ready["depths"]) + 101
     assert b.queue_status("orders").depth == 0
@@ -117,7 +117,7 @@ def test_promote_reopened_standby_after_both_killed(tmp_path, procs):
 def test_promoted_standby_serves_a_new_standby(tmp_path, procs):
     """After a failover, the promoted broker becomes the primary of a new standby (reopened with
     replication_listen), which ends identical to it."""
-    ready = _both_killed_after_catch_up(tmp_path, procs)
+    _both_killed_after_catch_up(tmp_path, procs)
     with partq.Broker.open(tmp_path / "standby") as b:
         b.promote()
     new_address = f"127.0.0.1:{free_port()}"
@@ -156,7 +156,7 @@ def test_second_standby_follows_promoted_standby(tmp_path, procs):
         a = procs.start("A", "proc_standby.py", adir, p.replication_address, tmp_path / "A.json")
         b = procs.start("B", "proc_standby.py", bdir, p.replication_address, tmp_path / "B.json")
         for s in (a, b):
-            wait_until(lambda: "loaded a" in s.tail(), 30, f"{s.name}'s snapshot", procs=[s])
+            wait_until(lambda s=s: "loaded a" in s.tail(), 30, f"{s.name}'s snapshot", procs=[s])
         wait_until(lambda: sum(link.connected for link in p.replication_status().standbys) == 2,
                    10, "both standbys linked")
         b.kill()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-import partq
 from helpers import wait_until
 from repl_helpers import compare_stores, key, payload, read_json
+
+import partq
 
 
 def _primary_with_data(path) -> partq.Broker:
@@ -28,7 +28,7 @@ def test_standby_readable_while_snapshot_installs(tmp_path):
             s = partq.Broker.open(tmp_path / f"standby{attempt}", standby_of=p.replication_address)
             stop = threading.Event()
 
-            def poll():
+            def poll(s=s, stop=stop):
                 while not stop.is_set():
                     try:
                         s.replication_status()
@@ -40,8 +40,8 @@ def test_standby_readable_while_snapshot_installs(tmp_path):
             t = threading.Thread(target=poll)
             t.start()
             try:
-                wait_until(lambda: s.replication_status().applied_lsn >= p.replication_status().head_lsn
-                           and s.queues(), 30, "the snapshot")
+                wait_until(lambda s=s: s.replication_status().applied_lsn
+                           >= p.replication_status().head_lsn and s.queues(), 30, "the snapshot")
             except partq.BrokerClosed as exc:
                 errors.append(repr(exc))
             finally:

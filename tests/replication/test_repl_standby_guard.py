@@ -19,12 +19,12 @@ import time
 import crc32c
 import msgpack
 import pytest
-
-import partq
-from partq.wire import MAX_FRAME, recv_frame, send_frame
-from partq.storage.encoding import unpack_u64
 from helpers import wait_until
 from repl_helpers import compare_stores, key, payload, read_json
+
+import partq
+from partq.storage.encoding import unpack_u64
+from partq.wire import MAX_FRAME, recv_frame, send_frame
 
 HEADER = struct.Struct(">II")
 
@@ -88,7 +88,7 @@ class FakePrimary:
             while conn is None and not self.stop.is_set():
                 try:
                     conn, _ = self._sock.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
             if conn is None:
                 return
@@ -98,7 +98,7 @@ class FakePrimary:
                 self.states.append(self.state() if self.hellos else None)
                 self.hellos.append(hello)
                 scenario(conn, self.hellos[-1])
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
+            except BaseException as exc:  # reported by the test
                 self.errors.append(exc)
             finally:
                 conn.close()
@@ -228,7 +228,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
     reasons = [r.getMessage() for r in caplog.records
                if r.name == "partq.replication" and "ended" in r.getMessage()]
     assert len(reasons) >= len(bad), reasons
-    for want, got in zip(expected_reasons, reasons):
+    for want, got in zip(expected_reasons, reasons, strict=False):
         assert want in got, (want, got)
     # no duplicate appends, nothing missing: the standby holds exactly what the source does
     diffs = compare_stores(tmp_path / "source", tmp_path / "standby")

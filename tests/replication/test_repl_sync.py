@@ -7,11 +7,11 @@ import threading
 import time
 
 import pytest
+from helpers import wait_until
+from repl_helpers import compare_stores, read_json
 
 import partq
 from partq.replication import ReplicationTimeout
-from helpers import wait_until
-from repl_helpers import compare_stores, read_json
 
 
 @pytest.mark.timeout(90)

@@ -5,8 +5,7 @@ import os
 import sys
 
 import pytest
-
-from spark_helpers import require_spark   # tests/spark is on sys.path: pyproject.toml's pythonpath
+from spark_helpers import require_spark  # tests/spark is on sys.path: pyproject.toml's pythonpath
 
 
 @pytest.fixture(scope="module")

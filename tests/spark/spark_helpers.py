@@ -26,7 +26,8 @@ def read_queue(path, queue: str) -> dict[int, list[tuple[str | None, bytes]]]:
         with broker.store.read() as r:
             for p in range(config.partitions):
                 out[p] = [(rec.key, rec.payload) for rec in
-                          (decode_record(raw, queue, p, seq) for seq, raw in r.records(config.qid, p, 0, 1 << 40))]
+                          (decode_record(raw, queue, p, seq)
+                           for seq, raw in r.records(config.qid, p, 0, 1 << 40))]
         return out
 
 

@@ -18,11 +18,11 @@ from spark_helpers import all_messages, read_queue
 
 pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[spark]'")
 
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import functions as F
 
-import partq  # noqa: E402
-from partq import staging  # noqa: E402
-from partq.spark import PartqDataSource, PartqWriter  # noqa: E402
+import partq
+from partq import staging
+from partq.spark import PartqDataSource, PartqWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
 
@@ -56,6 +56,7 @@ def register_faulty(spark, name, *, fail_partition, failing_attempts, report_dir
     ``failing_attempts`` attempts after staging the first Arrow batch, and whose tasks, when
     ``gate`` is a path, wait after staging everything until that file exists."""
     import os
+
     from pyspark import TaskContext
 
     class FaultyWriter(PartqWriter):
@@ -123,7 +124,7 @@ def test_string_payloads_unkeyed_rows_and_null_keys(spark, tmp_path):
 def test_whole_rows_are_msgpack_maps_without_payload_column(spark, tmp_path):
     path = tmp_path / "data"
     make_queue(path, partitions=2)
-    ts = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)
+    ts = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC)
     df = spark.createDataFrame(
         [("c-1", 7, 2.5, b"\x00\x01", decimal.Decimal("12.34"), datetime.date(2024, 1, 2), ts, [1, 2],
           None, {"a": 1}, ("s", [{"in": 2}]))],
@@ -227,7 +228,7 @@ def test_a_bound_consumer_sees_nothing_until_the_job_commits(spark, tmp_path):
                 (keyed_frame(spark, 400, partitions=2).write.format("partq_gated").option("path", str(path))
                  .option("queue", "q").option("keyColumn", "key").option("payloadColumn", "body")
                  .mode("append").save())
-            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            except BaseException as exc:  # reported by the assertion below
                 errors.append(exc)
         thread = threading.Thread(target=job)
         thread.start()
@@ -261,11 +262,14 @@ def test_a_bound_consumer_sees_nothing_until_the_job_commits(spark, tmp_path):
     ({"path": None}, "option queue is missing"),
     ({"path": None, "queue": "q", "keyColumn": "nope"}, "keyColumn 'nope' is not a column"),
     ({"path": None, "queue": "q", "payloadColumn": "nope"}, "payloadColumn 'nope' is not a column"),
-    ({"path": None, "queue": "q", "keyColumn": "id"}, "keyColumn 'id' has type bigint; partq keys are strings: cast it"),
-    ({"path": None, "queue": "q", "payloadColumn": "id"}, "payloadColumn 'id' has type bigint; it must be binary or string"),
+    ({"path": None, "queue": "q", "keyColumn": "id"},
+     "keyColumn 'id' has type bigint; partq keys are strings: cast it"),
+    ({"path": None, "queue": "q", "payloadColumn": "id"},
+     "payloadColumn 'id' has type bigint; it must be binary or string"),
     ({"path": None, "queue": "q", "batchSize": "0"}, "option batchSize must be a positive integer"),
     ({"path": None, "queue": "nope"}, "no queue named 'nope'.*partitions"),
-    ({"path": None, "queue": "q", "keyColum": "key"}, "unknown option.*keycolum.*known: path, queue, keyColumn"),
+    ({"path": None, "queue": "q", "keyColum": "key"},
+     "unknown option.*keycolum.*known: path, queue, keyColumn"),
 ], ids=["no-path", "no-queue", "no-key-column", "no-payload-column", "int-key", "int-payload",
         "bad-batch-size", "missing-queue", "misspelt-option"])
 def test_bad_options_fail_with_a_clear_message(spark, tmp_path, options, message):

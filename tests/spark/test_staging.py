@@ -6,8 +6,17 @@ from spark_helpers import all_messages, read_queue
 
 import partq
 from partq import staging
-from partq.staging import (JobAborted, JobFinished, StagedRowsMismatch, abort_job, commit_job,
-                           list_stages, new_job_id, orphaned_stages, stage_rows)
+from partq.staging import (
+    JobAborted,
+    JobFinished,
+    StagedRowsMismatch,
+    abort_job,
+    commit_job,
+    list_stages,
+    new_job_id,
+    orphaned_stages,
+    stage_rows,
+)
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_one_chunk_per_append_split_at_the_limits(store):
     store.write(lambda w: w.append(qid, 0, small[:3]))
     store.write(lambda w: w.append(qid, 0, small[3:]))
     n = len(small)
-    assert [(f, l) for f, l, _ in _chunks(store, qid)] == \
+    assert [(first, last) for first, last, _ in _chunks(store, qid)] == \
         [(0, 2), (3, 3 + CHUNK_RECORDS - 1), (3 + CHUNK_RECORDS, 3 + 2 * CHUNK_RECORDS - 1),
          (3 + 2 * CHUNK_RECORDS, n - 1)]
     big = [encode_record(i, "k", None, b"b" * (CHUNK_BYTES // 3)) for i in range(7)]

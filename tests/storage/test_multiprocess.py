@@ -106,7 +106,7 @@ def test_two_processes_append_to_the_same_partitions(tmp_path, procs, partitions
         proc.stdin.write("go\n")
         proc.stdin.flush()
     results = {}
-    for name, proc in zip(("A", "B"), procs):
+    for name, proc in zip(("A", "B"), procs, strict=True):
         out, _ = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0, f"writer {name} failed"
         results[name] = json.loads(out.strip().splitlines()[-1])
@@ -137,7 +137,7 @@ def test_two_processes_append_to_the_same_partitions(tmp_path, procs, partitions
     assert set(owners) == set(decoded)
     # The two writers really overlapped: their records interleave in the log.
     order = [owners[(0, seq)] for seq, _ in log[0]]
-    switches = sum(a != b for a, b in zip(order, order[1:]))
+    switches = sum(a != b for a, b in zip(order, order[1:], strict=False))
     assert switches >= 2, "the writers ran one after the other; the test proved nothing"
 
 

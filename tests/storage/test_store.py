@@ -16,8 +16,14 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from partq.errors import (CorruptRecord, CorruptStore, FormatVersionMismatch, NotAPartqStore,
-                          StorageFull, UsedAcrossFork)
+from partq.errors import (
+    CorruptRecord,
+    CorruptStore,
+    FormatVersionMismatch,
+    NotAPartqStore,
+    StorageFull,
+    UsedAcrossFork,
+)
 from partq.storage import FORMAT_VERSION, AckState, Store, decode_record, encode_record
 from partq.storage.encoding import FORMAT_STAMP
 
@@ -448,7 +454,7 @@ def test_disk_use_follows_the_backlog_not_history(tmp_path, opened, durability):
     sizes = []
     for _ in range(60):  # 12 MB published and acked in total, 200 KB backlog at most
         first = append(store, qid, 0, batch)
-        store.write(lambda w: w.ack(qid, 0, range(first, first + 200)))
+        store.write(lambda w, first=first: w.ack(qid, 0, range(first, first + 200)))
         sizes.append((path / "data.mdb").stat().st_size)
     assert sizes[-1] <= sizes[9], f"data.mdb kept growing: {sizes[::5]}"
     assert sizes[-1] < 4 * MIB
@@ -607,7 +613,7 @@ def test_group_commit_from_8_threads(tmp_path, opened, durability):
             start.wait()
             results[t] = [store.write(lambda w, i=i: w.append(qid, 0, [rec(b"%d:%d" % (t, i))]))
                           for i in range(200)]
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=publisher, args=(t,)) for t in range(8)]

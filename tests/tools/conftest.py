@@ -11,8 +11,9 @@ import pytest
 # by name
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import partq  # noqa: E402
-from tools_helpers import PARTQ_SCRIPT, invoke, ok, script_works  # noqa: E402
+from tools_helpers import PARTQ_SCRIPT, invoke, ok, script_works
+
+import partq
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
+from tools_helpers import run_script, script_user_error
+
 import partq
 from partq import PARENT
-
-from tools_helpers import run_script, script_user_error
 
 
 def _stranded_queue(script: str, data: str, name: str, payloads: list[bytes]) -> None:

@@ -13,15 +13,12 @@ import json
 
 import msgpack
 import pytest
+from tools_helpers import json_lines, ok, run_script, script_user_error, usage_error, user_error
 
 import partq
-from partq import PARENT
+from partq import PARENT, scaling
 from partq.storage.encoding import partition_key
-from partq import scaling
 from partq.tools import common
-
-from tools_helpers import (json_lines, ok, run_script, script_user_error, usage_error,
-                           user_error)
 
 NEEDLE = b"UNIQUE-PARENT-PAYLOAD-3b7d91c4-needle"
 
@@ -128,7 +125,7 @@ def test_list_and_stats_when_a_status_cannot_be_read(run, broker):
         excl, plain = listed
         assert (excl["access_type"], excl["partitions"], excl["depth"], excl["parent_depth"]) == \
             ("exclusive", 0, None, None)
-        assert "queue id %d partition 4294967295" % qid in excl["error"]
+        assert f"queue id {qid} partition 4294967295" in excl["error"]
         assert plain["error"] is None
         assert (plain["partitions"], plain["parent_depth"]) == (2, 0)
     result = ok(run("queue", "list"))

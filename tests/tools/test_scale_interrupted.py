@@ -11,11 +11,10 @@ import signal
 import subprocess
 
 import pytest
-
-import partq
-
 from helpers import wait_until
 from tools_helpers import run_script
+
+import partq
 
 
 def _start_scale(script: str, data: str, *args: str) -> subprocess.Popen:

@@ -6,13 +6,12 @@ import os
 
 import click
 import pytest
+from tools_helpers import invoke, ok, run_script, script_user_error, usage_error, user_error
 
 import partq
 from partq.config import USER_SETTABLE
 from partq.tools import queue_cmds
 from partq.tools.cli import cli
-
-from tools_helpers import (invoke, ok, run_script, script_user_error, usage_error, user_error)
 
 
 def _commands(group: click.Group, path=()):

@@ -12,7 +12,6 @@ import time
 
 import msgpack
 import pytest
-
 from tools_helpers import json_lines, ok, user_error
 
 
@@ -25,7 +24,7 @@ def _publish(broker, queue: str, n: int, start: int = 0, batch: int = 5000) -> d
             headers = {"i": i, "raw": b"\x00\xff"} if i % 7 == 0 else None
             payload = b"m%06d" % i + (b"\x00\xfe" if i % 5 == 0 else b"")
             items.append((payload, f"k{i % 97}" if i % 3 else None, headers))
-        for item, res in zip(items, broker.publish_many(queue, items)):
+        for item, res in zip(items, broker.publish_many(queue, items), strict=True):
             expected[(res.partition, res.seq)] = item
     return expected
 
@@ -175,10 +174,11 @@ def test_a_torn_first_record_is_cut_too(run, orders, tmp_path, fmt):
     ("jsonl", b"just some notes\nmore notes\n", "line 1: not JSON"),
     ("jsonl", b"my diary, no newline at all", "no complete record"),
     ("jsonl", b'{"a": 1}\n', "expected an object with keys"),
-    ("jsonl", b'{"queue": "other", "queue_id": 1, "partition": 0, "seq": 0, "key": null, "publish_time_ns": 1, '
-              b'"headers": null, "payload_b64": ""}\n', "messages of queue 'other'"),
-    ("jsonl", b'{"queue": "orders", "queue_id": 1, "partition": -1, "seq": 0, "key": null, "publish_time_ns": 1, '
-              b'"headers": null, "payload_b64": ""}\n', "integers"),
+    ("jsonl", b'{"queue": "other", "queue_id": 1, "partition": 0, "seq": 0, "key": null, '
+              b'"publish_time_ns": 1, "headers": null, "payload_b64": ""}\n',
+     "messages of queue 'other'"),
+    ("jsonl", b'{"queue": "orders", "queue_id": 1, "partition": -1, "seq": 0, "key": null, '
+              b'"publish_time_ns": 1, "headers": null, "payload_b64": ""}\n', "integers"),
     ("jsonl", msgpack.packb({"queue": "orders"}), "no complete record"),
     ("jsonl", msgpack.packb({"queue": "orders"}) + b"\n", "not JSON"),
     ("msgpack", b"\xc1\xc1\xc1", "not msgpack"),

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from tools_helpers import invoke, json_lines, ok, run_script
 
 

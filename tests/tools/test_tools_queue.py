@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+from tools_helpers import invoke, ok, user_error
 
 import partq
 from partq.tools import common
-
-from tools_helpers import invoke, ok, user_error
 
 
 def test_init_creates_then_reports_existing(tmp_path):

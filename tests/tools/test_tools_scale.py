@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 
 import pytest
+from tools_helpers import json_lines, ok, run_script, user_error
 
 import partq
-
-from tools_helpers import json_lines, ok, run_script, user_error
 
 
 def _publish_keyed(broker, queue: str, n: int) -> dict:
     items = [(b"msg-%05d" % i, f"key-{i}") for i in range(n)]
-    return {(r.partition, r.seq): item for item, r in zip(items, broker.publish_many(queue, items))}
+    results = broker.publish_many(queue, items)
+    return {(r.partition, r.seq): item for item, r in zip(items, results, strict=True)}
 
 
 def _stored(run, queue: str) -> dict:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from tools_helpers import json_lines, ok, user_error
 
 import partq
-
-from tools_helpers import json_lines, ok, user_error
 
 NEEDLE = b"UNIQUE-PAYLOAD-5f0c2e9a-needle"
 

@@ -7,14 +7,11 @@
     4 change the partition count
 
 ``run`` drives the steps and reports each through a ``Reporter`` (the CLI prints lines or JSON).
-
-The procedure is recorded in the store (``procedure_of``): which queue, from and to which count,
-the step it is at, who runs it, and whether ingress was on before step 1. So a procedure that
-dies (SIGKILL, a crash, a lost terminal) leaves a record that ``queue_status`` reports, and a
-re-run with the same target resumes it (ingress goes back to what it was before the *first*
-run), while ``abort`` undoes it. Any failure or interruption it can see (a step that times out,
-``stop()`` turning true, an exception) restores ingress and removes the record before the error
-goes up, so a failed procedure never leaves the queue refusing publishes.
+The procedure is recorded in the store (``record``), so that one that dies is reported, resumed
+by a re-run with the same target (ingress goes back to what it was before the *first* run), or
+undone by ``abort``. Any failure or interruption it can see (a step that times out, ``stop()``
+turning true, an exception) restores ingress and removes the record before the error goes up,
+so a failed procedure never leaves the queue refusing publishes.
 """
 from __future__ import annotations
 
@@ -22,110 +19,18 @@ import dataclasses
 import os
 import socket
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import msgpack
-
-from partq.config import MAX_PARTITIONS, QueueConfig
+from partq.config import QueueConfig
 from partq.errors import InvalidConfig, ScalingInterrupted, ScalingStepFailed
-from partq.states import ScalingState
-from partq.storage import crashpoints
+from partq.scaling.record import STEPS, Procedure, procedure_of, write_record
 
 if TYPE_CHECKING:
     from partq.status import QueueStatus
 
-STEPS = {
-    1: ("disable-ingress", "Disable ingress"),
-    2: ("drain", "Wait for every partition to drain"),
-    3: ("standby", "Wait for the DR-standby to have every message acknowledged"),
-    4: ("change-count", "Change the partition count"),
-    5: ("rebalance", "Wait for the partitions to be rebalanced"),
-    6: ("standby-follow", "Wait for the DR-standby to follow the new partition count"),
-    7: ("enable-ingress", "Enable ingress"),
-}
 POLL = 0.05
-
-
 StepFailed = ScalingStepFailed
-PROCEDURE = b"procedure"      # the queue meta value recording a procedure in progress
-
-
-@dataclass(frozen=True)
-class Procedure:
-    """A scaling procedure recorded in the store. ``state`` (derived when read): "running"
-    while its process lives, "interrupted" once it is gone."""
-    queue: str
-    from_partitions: int
-    to_partitions: int
-    step: int
-    ingress_before: bool
-    pid: int
-    host: str
-    started_ns: int
-    state: str = "running"
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def describe(self) -> str:
-        """One sentence for a warning, with what to do."""
-        who = f"pid {self.pid} on {self.host} since {_iso(self.started_ns)}"
-        name = STEPS.get(self.step, ("?", "?"))[0]
-        text = (f"scaling of queue {self.queue!r} from {self.from_partitions} to "
-                f"{self.to_partitions} partitions is {self.state.upper()} at step {self.step} "
-                f"({name}; {who})")
-        if self.state == "running":
-            return text
-        ingress = ("ingress is OFF: publishes are refused or discarded" if self.step < 7 or
-                   not self.ingress_before else "ingress may still be off")
-        return (f"{text}; {ingress}; finish it with `partq scale {self.queue} --partitions "
-                f"{self.to_partitions}`, or undo it with `partq scale {self.queue} --abort`")
-
-
-def procedure_of(broker, queue: str) -> Procedure | None:
-    """The scaling procedure recorded for ``queue``, or None."""
-    qid = broker.queue_config(queue).qid
-    with broker.store.read() as r:
-        return read_procedure(r, queue, qid)
-
-
-def read_procedure(reader, queue: str, qid: int) -> Procedure | None:
-    """The scaling procedure recorded for queue ``queue`` (id ``qid``) in a read snapshot."""
-    raw = reader.queue_meta(qid, PROCEDURE)
-    return None if raw is None else _decode(queue, raw)
-
-
-def _decode(queue: str, raw: bytes) -> Procedure:
-    d = msgpack.unpackb(raw, raw=False)
-    proc = Procedure(queue=queue, **d)
-    alive = proc.host != socket.gethostname() or _alive(proc.pid)
-    return dataclasses.replace(proc, state="running" if alive else "interrupted")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _record(broker, config: QueueConfig, proc: Procedure | None) -> None:
-    value = None
-    if proc is not None:
-        d = proc.as_dict()
-        for k in ("queue", "state"):
-            del d[k]
-        value = msgpack.packb(d)
-    qid = config.qid
-    broker.store.write(lambda w: w.put_queue_meta(qid, PROCEDURE, value))
-
-
-def _iso(ns: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
 class Reporter:
@@ -241,17 +146,17 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
     earlier = procedure_of(broker, queue)
     if earlier is not None and earlier.state == "running" and earlier.pid != os.getpid():
         raise InvalidConfig(f"{earlier.describe()}; wait for it to end, or stop that process")
-    resumed = earlier is not None and earlier.to_partitions == target
-    old = earlier.from_partitions if resumed else config.partitions
+    resumed = earlier if earlier is not None and earlier.to_partitions == target else None
+    old = resumed.from_partitions if resumed is not None else config.partitions
     ingress_before = earlier.ingress_before if earlier is not None else config.ingress_enabled
-    first_step = 5 if (resumed and earlier.step >= 4 and config.partitions == target
+    first_step = 5 if (resumed is not None and resumed.step >= 4 and config.partitions == target
                        and config.scaling_status == "Ready") else 1
     proc = Procedure(queue, old, target, first_step, ingress_before, os.getpid(),
                      socket.gethostname(), time.time_ns())
-    _record(broker, config, proc)
-    if resumed:
-        reporter.note(first_step, f"resuming the procedure interrupted at step {earlier.step} "
-                                  f"(started by pid {earlier.pid} on {earlier.host})")
+    write_record(broker, config, proc)
+    if resumed is not None:
+        reporter.note(first_step, f"resuming the procedure interrupted at step {resumed.step} "
+                                  f"(started by pid {resumed.pid} on {resumed.host})")
     elif earlier is not None:
         reporter.note(1, f"replacing the interrupted procedure to {earlier.to_partitions} "
                          f"partitions (stopped at step {earlier.step})")
@@ -273,7 +178,7 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
         nonlocal proc
         check_stop(n)
         proc = dataclasses.replace(proc, step=n)
-        _record(broker, config, proc)
+        write_record(broker, config, proc)
         reporter.start(n, STEPS[n][1])
         t0 = clock()
         try:
@@ -408,7 +313,7 @@ def _restore(broker, config: QueueConfig, ingress: bool) -> None:
     """Put ingress back as it was before the procedure, then forget the procedure."""
     if broker.queue_config(config.name).ingress_enabled != ingress:
         broker.update_queue(config.name, ingress_enabled=ingress)
-    _record(broker, config, None)
+    write_record(broker, config, None)
 
 
 def publishes_while_ingress_off(config: QueueConfig) -> str:
@@ -428,100 +333,3 @@ def describe_ingress_off(config: QueueConfig) -> str:
             f"an error instead, run `partq queue update {config.name} {options}` first")
 
 
-# ---------------------------------------------------------------------- the count change (step 4)
-def change_count(broker, name: str, partitions: int, progress=None) -> QueueConfig:
-    """Change the partition count (S18), one step per commit so statuses are visible.
-
-    Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the new
-    count in the commit that ends the scaling, once every new partition exists. Down: the count
-    drops at once (publishes and delivery stop using the extra partitions; ScalingDown), then
-    the highest-numbered partitions are deleted first, with their messages. Either way the
-    delivery owner rebalances at once (no holddown). A scaling cut short by a crash is finished
-    by the next ``Broker.open``. ``progress(step: str)`` is called after each step.
-    """
-    if isinstance(partitions, bool) or not isinstance(partitions, int) \
-            or not 1 <= partitions <= MAX_PARTITIONS:
-        raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not "
-                            f"{partitions!r}")
-    config = broker.queue_config(name)
-    if not config.partitioned:
-        raise InvalidConfig(f"queue {name!r} is exclusive (non-partitioned); make it "
-                            f"partitioned with access_type='non-exclusive' to scale it")
-    if config.scaling_status != ScalingState.READY:
-        finish_scaling(broker, name, progress)
-        config = broker.queue_config(name)
-    old = config.partitions
-    if partitions == old:
-        return config
-    up = partitions > old
-
-    def start(w):
-        c = broker.publisher.config_in(w, name)
-        if up:
-            c = dataclasses.replace(c, scaling_status=ScalingState.SCALING_UP, scaling_from=old,
-                                    scaling_to=partitions)
-        else:
-            c = dataclasses.replace(c, partitions=partitions,
-                                    scaling_status=ScalingState.SCALING_DOWN, scaling_from=old,
-                                    scaling_to=partitions)
-        w.put_queue(name, c.to_dict())
-    broker.store.write(start)
-    if progress:
-        progress(f"{'ScalingUp' if up else 'ScalingDown'} {old} -> {partitions}")
-    return finish_scaling(broker, name, progress)
-
-
-def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
-    """Carry a scaling in progress to its end. Several processes may do this at once (the scaler
-    and any process that opens meanwhile), so every step re-checks, in its own transaction, that
-    the queue is still in this same scaling, and a partition is created only if it has no state
-    yet: a slower finisher must never reset a partition that has already taken publishes."""
-    store, config_in = broker.store, broker.publisher.config_in
-    config = broker.queue_config(name)
-    qid, old, new = config.qid, config.scaling_from, config.scaling_to
-    scaling = (config.scaling_status, old, new)
-
-    def same(w) -> bool:
-        c = config_in(w, name)
-        return (c.scaling_status, c.scaling_from, c.scaling_to) == scaling
-
-    def create(w, p):
-        if same(w) and not w.has_partition(qid, p):
-            w.init_partition(qid, p)
-
-    def drop(w, p):
-        return w.drop_partition(qid, p) if same(w) else 0
-
-    if config.scaling_status == ScalingState.SCALING_UP:
-        for p in range(old, new):
-            store.write(lambda w, p=p: create(w, p))
-            if crashpoints.ENABLED:
-                crashpoints.hit("during_scaling")
-            if progress:
-                progress(f"created partition {p}")
-        done = {"partitions": new}
-    elif config.scaling_status == ScalingState.SCALING_DOWN:
-        broker.tick()  # a local delivery owner stops using the extra partitions first
-        for p in reversed(range(new, old)):
-            n = store.write(lambda w, p=p: drop(w, p))
-            if crashpoints.ENABLED:
-                crashpoints.hit("during_scaling")
-            if progress:
-                progress(f"deleted partition {p} ({n} messages)")
-        done = {}
-    else:
-        return config
-
-    def finish(w):
-        if not same(w):
-            return config_in(w, name)   # another process finished it already
-        c = dataclasses.replace(config_in(w, name), scaling_status=ScalingState.READY,
-                                scaling_from=0, scaling_to=0, **done)
-        w.put_queue(name, c.to_dict())
-        return c
-    final = store.write(finish)
-    broker.publisher.forget(name)
-    broker.tick()
-    if progress:
-        progress(f"Ready with {final.partitions} partitions")
-    return final

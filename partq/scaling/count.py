@@ -1,0 +1,109 @@
+"""Changing a queue's partition count (S18, step 4 of the procedure), one commit per step so
+that statuses are visible to every process, and finished by whichever process gets there first.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from partq.config import MAX_PARTITIONS, QueueConfig
+from partq.errors import InvalidConfig
+from partq.states import ScalingState
+from partq.storage import crashpoints
+
+
+def change_count(broker, name: str, partitions: int, progress=None) -> QueueConfig:
+    """Change the partition count (S18), one step per commit so statuses are visible.
+
+    Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the new
+    count in the commit that ends the scaling, once every new partition exists. Down: the count
+    drops at once (publishes and delivery stop using the extra partitions; ScalingDown), then
+    the highest-numbered partitions are deleted first, with their messages. Either way the
+    delivery owner rebalances at once (no holddown). A scaling cut short by a crash is finished
+    by the next ``Broker.open``. ``progress(step: str)`` is called after each step.
+    """
+    if isinstance(partitions, bool) or not isinstance(partitions, int) \
+            or not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidConfig(f"partitions must be an integer from 1 to {MAX_PARTITIONS}, not "
+                            f"{partitions!r}")
+    config = broker.queue_config(name)
+    if not config.partitioned:
+        raise InvalidConfig(f"queue {name!r} is exclusive (non-partitioned); make it "
+                            f"partitioned with access_type='non-exclusive' to scale it")
+    if config.scaling_status != ScalingState.READY:
+        finish_scaling(broker, name, progress)
+        config = broker.queue_config(name)
+    old = config.partitions
+    if partitions == old:
+        return config
+    up = partitions > old
+
+    def start(w):
+        c = broker.publisher.config_in(w, name)
+        if up:
+            c = dataclasses.replace(c, scaling_status=ScalingState.SCALING_UP, scaling_from=old,
+                                    scaling_to=partitions)
+        else:
+            c = dataclasses.replace(c, partitions=partitions,
+                                    scaling_status=ScalingState.SCALING_DOWN, scaling_from=old,
+                                    scaling_to=partitions)
+        w.put_queue(name, c.to_dict())
+    broker.store.write(start)
+    if progress:
+        progress(f"{'ScalingUp' if up else 'ScalingDown'} {old} -> {partitions}")
+    return finish_scaling(broker, name, progress)
+
+
+def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
+    """Carry a scaling in progress to its end. Several processes may do this at once (the scaler
+    and any process that opens meanwhile), so every step re-checks, in its own transaction, that
+    the queue is still in this same scaling, and a partition is created only if it has no state
+    yet: a slower finisher must never reset a partition that has already taken publishes."""
+    store, config_in = broker.store, broker.publisher.config_in
+    config = broker.queue_config(name)
+    qid, old, new = config.qid, config.scaling_from, config.scaling_to
+    scaling = (config.scaling_status, old, new)
+
+    def same(w) -> bool:
+        c = config_in(w, name)
+        return (c.scaling_status, c.scaling_from, c.scaling_to) == scaling
+
+    def create(w, p):
+        if same(w) and not w.has_partition(qid, p):
+            w.init_partition(qid, p)
+
+    def drop(w, p):
+        return w.drop_partition(qid, p) if same(w) else 0
+
+    if config.scaling_status == ScalingState.SCALING_UP:
+        for p in range(old, new):
+            store.write(lambda w, p=p: create(w, p))
+            if crashpoints.ENABLED:
+                crashpoints.hit("during_scaling")
+            if progress:
+                progress(f"created partition {p}")
+        done = {"partitions": new}
+    elif config.scaling_status == ScalingState.SCALING_DOWN:
+        broker.tick()  # a local delivery owner stops using the extra partitions first
+        for p in reversed(range(new, old)):
+            n = store.write(lambda w, p=p: drop(w, p))
+            if crashpoints.ENABLED:
+                crashpoints.hit("during_scaling")
+            if progress:
+                progress(f"deleted partition {p} ({n} messages)")
+        done = {}
+    else:
+        return config
+
+    def finish(w):
+        if not same(w):
+            return config_in(w, name)   # another process finished it already
+        c = dataclasses.replace(config_in(w, name), scaling_status=ScalingState.READY,
+                                scaling_from=0, scaling_to=0, **done)
+        w.put_queue(name, c.to_dict())
+        return c
+    final = store.write(finish)
+    broker.publisher.forget(name)
+    broker.tick()
+    if progress:
+        progress(f"Ready with {final.partitions} partitions")
+    return final
