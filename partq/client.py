@@ -341,6 +341,7 @@ class RemoteEndpoint:
         self._cond = threading.Condition()
         self._buffer: deque[tuple[int, Message]] = deque()    # (deliver frame n, message)
         self._unacked: set[tuple[int, int]] = set()
+        self._through: dict[int, int] = {}        # partition -> acked up to (ack_through)
         self._partitions: frozenset[int] = frozenset()
         self._events: deque[FlowChangeUpdate] = deque()
         self._callback = None
@@ -375,6 +376,8 @@ class RemoteEndpoint:
             if op == "deliver":
                 n = frame["n"]
                 for p, s, key, payload, headers, ts, redelivered in frame["messages"]:
+                    if s <= self._through.get(p, -1):
+                        continue        # acked by ack_through while it was on its way
                     self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
                                                     redelivered)))
             elif op == "state":
@@ -420,6 +423,15 @@ class RemoteEndpoint:
             self._unacked.difference_update(map(tuple, ids))
         return self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
                                    lambda frame: None)
+
+    def ack_through(self, partition: int, seq: int) -> RemotePending:
+        with self._cond:       # acked: what was pushed (or is on its way) and not received goes
+            self._through[partition] = max(self._through.get(partition, -1), seq)
+            self._unacked = {(p, s) for p, s in self._unacked if not (p == partition and s <= seq)}
+            self._buffer = deque((n, m) for n, m in self._buffer
+                                 if not (m.partition == partition and m.seq <= seq))
+        return self.client.request({"op": "ack_through", "flow": self.flow_id,
+                                    "partition": partition, "seq": seq}, lambda frame: None)
 
     def nack(self, msg: Message) -> None:
         reply = self.client.call({"op": "nack", "flow": self.flow_id,

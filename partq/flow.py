@@ -27,6 +27,9 @@ class FlowEndpoint(Protocol):
         """Apply acks to delivery now; return a handle whose ``result()`` waits until they are
         durable (or None when there was nothing to write)."""
 
+    def ack_through(self, partition: int, seq: int):
+        """Ack every message of ``partition`` up to ``seq``; a handle like ``ack_async``'s."""
+
     def nack(self, msg: Message) -> None: ...
     def unbind(self) -> None: ...
     def partitions(self) -> frozenset[int]: ...
@@ -125,6 +128,14 @@ class Flow:
         the previous batch's acks are committed; until ``result()`` returns, a crash may bring
         those messages back (redelivered), as for an ack not yet made."""
         return Pending(self._endpoint.ack_async(msgs))
+
+    def ack_through(self, partition: int, seq: int) -> Pending:
+        """Acknowledge every message of ``partition`` (one this flow holds) up to ``seq``, in
+        one commit, whether it was received through this flow or read from the log directly
+        (a consumer of ranges, such as Spark's stream). Fenced like ``ack_many`` (S33): raises
+        ``FlowFenced`` when the flow does not hold the partition. Durable once ``result()``
+        returns."""
+        return Pending(self._endpoint.ack_through(partition, seq))
 
     def nack(self, msg: Message) -> None:
         """Return ``msg`` for redelivery (with every later unacked message of its partition)."""

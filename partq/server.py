@@ -7,6 +7,7 @@ One session per connection. Requests carry an id and are answered in order of co
     publish {queue, items: [[payload, key, headers], ...]} -> published {results}
     bind {queue, name, hint, skip_corrupt}  -> bound {flow, partitions, consumer_timeout}
     ack {flow, ids: [[partition, seq], ...]} -> ok        (after the acks are durable)
+    ack_through {flow, partition, seq}      -> ok        (likewise)
     nack {flow, id: [partition, seq]}       -> ok {upto}  (answered by the flow's pump)
     unbind {flow}                           -> ok
     status {queue}                          -> status {status}
@@ -127,6 +128,10 @@ class Session:
                 pump = self._pump(frame)
                 msgs = [pump.message(p, s) for p, s in frame.get("ids", [])]
                 pending = pump.flow.ack_many_async(msgs)
+                self._completions.put((req, pending, lambda _: {"op": "ok", "req": req}))
+            elif op == "ack_through":
+                pending = self._pump(frame).flow.ack_through(int(frame["partition"]),
+                                                            int(frame["seq"]))
                 self._completions.put((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op == "nack":
                 p, s = frame["id"]

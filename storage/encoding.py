@@ -228,6 +228,16 @@ class AckState:
     def is_acked(self, seq: int) -> bool:
         return seq < self.floor or seq in self.above
 
+    def add_through(self, seq: int) -> int:
+        """Mark every seq up to ``seq`` acked; return the new floor."""
+        if seq >= self.floor:
+            self.above = {s for s in self.above if s > seq}
+            self.floor = seq + 1
+            while self.floor in self.above:
+                self.above.discard(self.floor)
+                self.floor += 1
+        return self.floor
+
     def add(self, seqs) -> int:
         """Mark seqs acked; return the new floor (records below it may be truncated)."""
         above = self.above

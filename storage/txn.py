@@ -399,6 +399,20 @@ class Writer(Reader):
         self._change("ack", qid, partition, seqs)
         return state
 
+    def ack_through(self, qid: int, partition: int, seq: int) -> None:
+        """Ack every sequence of the partition up to ``seq`` and move its delivered mark past
+        it (a consumer that read the range itself). Like ``ack``, nothing happens to a
+        partition that no longer exists."""
+        if not self.has_partition(qid, partition):
+            return
+        state = self.ack_state(qid, partition)
+        old_floor = state.floor
+        if state.add_through(seq) > old_floor:
+            self.truncate(qid, partition, state.floor)
+        state.delivered_mark = max(state.delivered_mark, seq)
+        self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
+        self._change("ack_through", qid, partition, seq)
+
     def truncate(self, qid: int, partition: int, below: int) -> int:
         """Delete every chunk of the partition whose records all have seq < below (a chunk
         holding ``below - 1`` and later ones stays); return how many chunks went."""
@@ -474,7 +488,8 @@ class Writer(Reader):
 
 
 # change kind -> the Writer method that recorded it (and applies it again on a standby)
-_APPLIED = {"ack": "ack", "put_queue": "put_queue", "delete_queue": "delete_queue",
+_APPLIED = {"ack": "ack", "ack_through": "ack_through", "put_queue": "put_queue",
+            "delete_queue": "delete_queue",
             "put_state": "put_state", "delivered_mark": "set_delivered_mark",
             "init_partition": "init_partition", "drop_partition": "drop_partition",
             "meta": "put_meta", "queue_meta": "put_queue_meta"}

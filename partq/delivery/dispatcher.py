@@ -319,6 +319,13 @@ class Dispatcher:
         self.notify()     # credit came back; a paused partition may have drained
         return fut
 
+    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int, seq: int):
+        with self._lock:
+            with self.store.read() as r:
+                fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
+        self.notify()
+        return fut
+
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
         with self._lock:
             fut = self._submit(qd.nack(state, msg, self.clock.now()))

@@ -31,6 +31,9 @@ class LocalEndpoint:
     def ack_async(self, msgs: Iterable[Message]):
         return self._dispatcher.ack_async(self._qd, self._state, msgs)
 
+    def ack_through(self, partition: int, seq: int):
+        return self._dispatcher.ack_through(self._qd, self._state, partition, seq)
+
     def nack(self, msg: Message) -> None:
         self._dispatcher.nack(self._qd, self._state, msg)
 

@@ -28,7 +28,7 @@ from partq import errors
 from partq.config import QueueConfig
 from partq.delivery.cursor import Cursor
 from partq.delivery.link import OwnerLink
-from partq.delivery.runtime import InvalidAck, fenced_error
+from partq.delivery.runtime import InvalidAck, fenced_error, fenced_range
 from partq.delivery.state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
@@ -76,6 +76,11 @@ class FollowerFlow:
         if self.local is not None:
             return self.local.ack_async(msgs)
         return self.group.ack(self, list(msgs))
+
+    def ack_through(self, partition: int, seq: int):
+        if self.local is not None:
+            return self.local.ack_through(partition, seq)
+        return self.group.ack_through(self, partition, seq)
 
     def nack(self, msg: Message) -> None:
         if self.local is not None:
@@ -396,6 +401,34 @@ class FollowerQueue:
                 raise fenced_error(name, flow, lost, "acked")
             for sp, seqs in by_sp.items():
                 w.ack(qid, sp, seqs)
+        pending = self.store.submit(op)
+        with self.lock:
+            self._reports.append((pending, flow))
+        self.dispatcher.notify()
+        return pending
+
+    def ack_through(self, flow: FollowerFlow, sp: int, seq: int):
+        """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""
+        with self.lock:
+            with self.store.read() as r:       # a flow that never received has no cursors yet
+                self._sync_cursors(flow, self._read_assignment(r).held_by(flow.flow_id), r)
+            cursor = flow.cursors.get(sp)
+            if cursor is None:
+                raise fenced_range(self.queue, flow, sp, seq)
+            epoch = cursor.epoch
+            cursor.ack.add_through(seq)
+            cursor.next = max(cursor.next, seq + 1)
+            for s in [s for s in cursor.inflight if s <= seq]:
+                del cursor.inflight[s]
+                flow.inflight -= 1
+        qid, name, flow_id = self.qid, self.queue, flow.flow_id
+
+        def op(w):
+            raw = w.queue(name)
+            if raw is None or not Assignment(QueueConfig.from_dict(raw), w.state(qid)) \
+                    .holds(flow_id, sp, epoch):
+                raise fenced_range(name, flow, sp, seq)
+            w.ack_through(qid, sp, seq)
         pending = self.store.submit(op)
         with self.lock:
             self._reports.append((pending, flow))

@@ -74,6 +74,13 @@ def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced
         f"partition's current flow gets them redelivered", msgs)
 
 
+def fenced_range(queue: str, flow, sp: int, seq: int) -> FlowFenced:
+    """The error of an ``ack_through`` of a partition the flow does not hold."""
+    return FlowFenced(f"flow {flow.name or flow.flow_id} of queue {queue!r} does not hold "
+                      f"partition {sp}: nothing up to seq {seq} was acked; read it again from "
+                      f"the flow's partitions")
+
+
 class FlowState:
     """The delivery state of one bound flow, kept by its queue's runtime (the ``Flow`` a user
     holds is a handle on it). Changed only under the dispatcher's lock."""
@@ -429,6 +436,36 @@ class QueueDelivery:
         for p in by_p:
             if p in self.core.handoffs:
                 actions += self.core.acked(p, self._outstanding(p), now)
+        return ops + self._run(actions, now)
+
+    def ack_through(self, flow, sp: int, seq: int, now: float, reader) -> list:
+        """Ack every message of storage partition ``sp`` up to ``seq`` (a consumer that reads a
+        range of the log itself: Spark's stream), delivered to ``flow`` or not; fenced like an
+        ack. The delivered mark moves past ``seq`` with it. Returns the writes."""
+        slot = self.slot_of.get(sp)
+        if slot is None:
+            return []                   # removed by scaling: nothing left to ack
+        if self.core.owner[slot] != flow.flow_id:
+            raise fenced_range(self.name, flow, sp, seq)
+        ps = self.parts[slot]
+        if ps.stale:
+            ps.refresh(reader.ack_state(self.qid, sp))
+        head = reader.head(self.qid, sp)
+        seq = min(seq, head - 1)
+        if seq < ps.ack.floor:
+            return []
+        ps.ack.add_through(seq)
+        ps.ack.delivered_mark = max(ps.ack.delivered_mark, seq)
+        ps.next = max(ps.next, seq + 1)
+        ps.high = max(ps.high, seq)
+        for s in [s for s in ps.inflight if s <= seq]:
+            fid = ps.inflight.pop(s)
+            if fid in self.flows:
+                self.flows[fid].inflight -= 1
+        qid = self.qid
+        ops: list[Callable] = [lambda w: w.ack_through(qid, sp, seq)]
+        actions = self.core.acked(slot, self._outstanding(slot), now) \
+            if slot in self.core.handoffs else []
         return ops + self._run(actions, now)
 
     def nack(self, flow, msg: Message, now: float) -> list:

@@ -293,3 +293,15 @@ def test_partq_serve_runs_until_sigterm(tmp_path):
         proc.kill()
     assert proc.returncode == 0, err
     assert "connected" in err and "disconnected" in err and "bound flow" in err
+
+
+def test_ack_through_over_the_connection(served):
+    broker, serve = served
+    server = serve()
+    broker.publish_many("q", [(b"m%d" % i, "one-key") for i in range(10)])
+    with partq.connect(server.address, token=TOKEN) as client:
+        flow = client.bind("q", name="ranges")
+        p = partq.key_partition("one-key", 4)
+        flow.ack_through(p, 5).result()
+        assert broker.queue_status("q").partitions[p].ack_floor == 6
+        assert [m.seq for m in drain(flow, timeout=0.5)] == [6, 7, 8, 9]
