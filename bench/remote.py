@@ -85,7 +85,7 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
     flow = client.bind(queue)
     ready.release()
     go.wait()
-    n, end = 0, time.monotonic() + seconds
+    n, last, end = 0, time.monotonic(), time.monotonic() + seconds
     while time.monotonic() < end:
         msgs = flow.receive(100, timeout=0.2)
         if not msgs:
@@ -94,7 +94,8 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
             continue
         flow.ack_many(msgs)
         n += len(msgs)
-    out.put(n)
+        last = time.monotonic()
+    out.put((n, last))
     client.close()
 
 
@@ -118,7 +119,7 @@ def _redis_consumer(port: int, ready, go, out, seconds: float, stream: str, me: 
     r = redis.Redis(host="127.0.0.1", port=port)
     ready.release()
     go.wait()
-    n, end = 0, time.monotonic() + seconds
+    n, last, end = 0, time.monotonic(), time.monotonic() + seconds
     while time.monotonic() < end:
         got = r.xreadgroup("g", me, {stream: ">"}, count=100)
         ids = [mid for mid, _ in got[0][1]] if got else []
@@ -126,7 +127,8 @@ def _redis_consumer(port: int, ready, go, out, seconds: float, stream: str, me: 
             break
         r.xack(stream, "g", *ids)
         n += len(ids)
-    out.put(n)
+        last = time.monotonic()
+    out.put((n, last))
 
 
 def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name: str) -> None:
@@ -134,27 +136,25 @@ def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name:
     flow = broker.bind(queue, name=name)
     ready.release()
     go.wait()
-    n, t0, end = 0, time.monotonic(), time.monotonic() + seconds
-    pending = None
+    n, last, end = 0, time.monotonic(), time.monotonic() + seconds
     while time.monotonic() < end:
         msgs = flow.receive(100, timeout=0.2)
         if not msgs:
             if flow.partitions:
                 break
             continue
-        if pending is not None:
-            pending.result()
-        pending = flow.ack_many_async(msgs)
+        flow.ack_many(msgs)
         n += len(msgs)
-    if pending is not None:
-        pending.result()
-    out.put((n, time.monotonic() - t0))
+        last = time.monotonic()
+    out.put((n, last))
     broker.close()
 
 
-def run_clients(target, args_list: list[tuple], seconds: float) -> float:
-    """Start one process per args, wait until all are ready, start them together; return the
-    total messages per second over the slice (each reports its count)."""
+def run_clients(target, args_list: list[tuple], seconds: float, settle=None) -> float:
+    """Start one process per args, wait until all are ready (and ``settle()`` returns: the
+    consumers' partitions assigned), start them together; return the total messages per
+    second: over the slice for publishers (they report a count), from the start to the last
+    ack for consumers (they report the count and the time of their last ack)."""
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args[:1], ready, go, out, seconds, *args[1:]))
@@ -164,6 +164,8 @@ def run_clients(target, args_list: list[tuple], seconds: float) -> float:
     for _ in procs:
         if not ready.acquire(timeout=60):
             raise RuntimeError("a client process did not get ready within 60 s")
+    if settle is not None:
+        settle()
     t0 = time.monotonic()
     go.set()
     results = [out.get(timeout=seconds + 120) for _ in procs]
@@ -171,7 +173,7 @@ def run_clients(target, args_list: list[tuple], seconds: float) -> float:
     for p in procs:
         p.join(timeout=30)
     if results and isinstance(results[0], tuple):
-        return sum(n for n, _ in results) / max(max(t for _, t in results), 1e-9)
+        return sum(n for n, _ in results) / max(max(t for _, t in results) - t0, 1e-9)
     return sum(results) / elapsed
 
 
@@ -210,6 +212,19 @@ class PartqServe:
             self.proc.kill()
 
 
+def settled(data: str, queue: str, flows: int) -> None:
+    """Wait until ``flows`` flows hold the queue's partitions, rebalancing Ready."""
+    deadline = time.monotonic() + 60
+    with partq.Broker.open(data) as broker:
+        while True:
+            st = broker.queue_status(queue)
+            if st.rebalance_status == "Ready" and sum(1 for f in st.flows if f.active) == flows:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{flows} consumers of {queue} did not settle")
+            time.sleep(0.02)
+
+
 def fresh_stream(redis_server: RedisServer, prefill: int, tag: str) -> str:
     r = redis_server.client
     name = f"bench-{tag}-{time.monotonic_ns()}"
@@ -244,7 +259,8 @@ def remote_vs_redis(root: str, pairs: int, seconds: float, prefill: int) -> None
                 stream = fresh_stream(redis_server, 0, "pub")
                 b = run_clients(_redis_publisher, [(port, stream)] * n, seconds)
                 queue = serve.fresh_queue(prefill)
-                c = run_clients(_partq_consumer, [(serve.address, queue)] * n, seconds)
+                c = run_clients(_partq_consumer, [(serve.address, queue)] * n, seconds,
+                                settle=lambda q=queue, k=n: settled(serve.data, q, k))
                 stream = fresh_stream(redis_server, prefill, "con")
                 d = run_clients(_redis_consumer, [(port, stream, f"c{j}") for j in range(n)],
                                 seconds)
@@ -275,7 +291,7 @@ def local_processes(root: str, pairs: int, seconds: float, prefill: int) -> None
                     broker.publish_many(queue, [(PAYLOAD, f"k{j}") for j in
                                                 range(start, min(start + 1000, prefill))])
             rate = run_clients(_local_consumer, [(data, queue, f"c{j}") for j in range(procs)],
-                               seconds)
+                               seconds, settle=lambda q=queue, k=procs: settled(data, q, k))
             if i:
                 into.append(rate)
     emit(pairs_line("local_consume_ack_2_processes", "msgs/s", "local_consume_ack_1_process",

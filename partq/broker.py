@@ -197,8 +197,15 @@ class Broker:
         return self._store.report.as_dict()
 
     # ------------------------------------------------------------------ queues
-    def create_queue(self, name: str, partitions: int = 1, **options) -> QueueConfig:
-        """Create a queue; options are the fields of ``QueueConfig``."""
+    def create_queue(self, name: str, partitions: int = 1, exist_ok: bool = False,
+                     **options) -> QueueConfig:
+        """Create a queue and return its config; options are the fields of ``QueueConfig``.
+
+        A queue of that name that exists already raises ``QueueExists``; with ``exist_ok=True``
+        its config is returned instead, as stored, so a service can run its setup on every
+        start. Its settings are not compared with the ones given (an operator may have scaled
+        or updated it since, and a service must still start): compare the returned config if
+        they matter. The arguments are checked either way."""
         self._check_writable()
         refused = set(options) - USER_SETTABLE
         if refused:
@@ -207,7 +214,10 @@ class Broker:
         config = QueueConfig(name=name, partitions=partitions, **options)
 
         def op(w):
-            if w.queue(name) is not None:
+            existing = w.queue(name)
+            if existing is not None:
+                if exist_ok:
+                    return QueueConfig.from_dict(existing)
                 raise QueueExists(f"queue {name!r} already exists; pick another name or delete it")
             created = dataclasses.replace(config, qid=w.allocate_qid())
             w.put_queue(name, created.to_dict())
@@ -279,6 +289,12 @@ class Broker:
         returned ``Pending.result()`` gives the results once the whole batch is durable."""
         self._check_writable()
         return self.publisher.publish_many_async(queue, items)
+
+    def publish_each_async(self, queue: str, items: list) -> Pending:
+        """Independent publishes in one transaction (each item's result or its own
+        ``InvalidMessage``); ``partq serve`` coalesces its clients' single publishes with it."""
+        self._check_writable()
+        return self.publisher.publish_each_async(queue, items)
 
     def checkpoint(self, queue: str, name: str) -> int | None:
         """The last position ``publish_many(queue, ..., checkpoint=(name, position))`` stored."""

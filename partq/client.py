@@ -34,12 +34,12 @@ from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.wire import (
     HEADER,
     FrameError,
+    Outbox,
     client_handshake,
     encode_frame,
     parse_address,
+    read_frame,
     read_token,
-    recv_frame,
-    send_frame,
 )
 
 log = logging.getLogger("partq.client")
@@ -90,6 +90,29 @@ class RemotePending:
         return self._value
 
 
+class _Each:
+    """The answer to a coalesced ``publish_each``: one result (or error) per publish."""
+
+    __slots__ = ("pendings",)
+
+    def __init__(self, pendings: list[RemotePending]) -> None:
+        self.pendings = pendings
+
+    def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
+        if error is None and frame is not None and frame.get("op") == "error":
+            error = remote_error(frame)
+        if error is not None or frame is None:
+            for p in self.pendings:
+                p.resolve(None, error or ServerUnavailable("no answer from the server"))
+            return
+        for p, result in zip(self.pendings, frame["results"], strict=True):
+            if isinstance(result, dict):
+                p.resolve(None, remote_error(result))
+            else:
+                part, seq, discarded = result
+                p.resolve({"op": "published", "result": PublishResult(part, seq, bool(discarded))})
+
+
 def remote_error(frame: dict) -> PartqError:
     cls = getattr(errors, str(frame.get("error")), PartqError)
     if not (isinstance(cls, type) and issubclass(cls, PartqError)):
@@ -119,14 +142,15 @@ class Client:
         self._addr = parse_address(address)
         self._token, self._ssl, self.timeout = token, ssl_context, timeout
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._connected = threading.Condition(self._lock)
-        self._requests: dict[int, RemotePending] = {}
+        self._requests: dict[int, RemotePending | _Each] = {}
+        self._singles: list[tuple[str, list, RemotePending]] = []    # publish_async, unsent
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
         self._closed = False
         self._beat = 10.0
         self.max_frame = MAX_FRAME
+        self._outbox: Outbox | None = None
         self._sock: socket.socket | None = None
         self._sock = self._open()
         self._start(self._sock)
@@ -157,15 +181,17 @@ class Client:
         return sock
 
     def _start(self, sock: socket.socket) -> None:
+        self._outbox = Outbox(sock, "partq-client-send", gather=self._gather)
         threading.Thread(target=self._read_loop, args=(sock,), name="partq-client-read",
                          daemon=True).start()
-        threading.Thread(target=self._beat_loop, args=(sock,), name="partq-client-beat",
-                         daemon=True).start()
+        threading.Thread(target=self._beat_loop, args=(sock, self._outbox),
+                         name="partq-client-beat", daemon=True).start()
 
     def _read_loop(self, sock: socket.socket) -> None:
+        stream = sock.makefile("rb", buffering=1 << 16)
         try:
             while True:
-                frame = recv_frame(sock, MAX_FRAME)
+                frame = read_frame(stream, MAX_FRAME)
                 if isinstance(frame, dict):
                     self._dispatch(frame)
         except (FrameError, OSError, ssl_module.SSLError):
@@ -185,17 +211,13 @@ class Client:
         if endpoint is not None:
             endpoint.pushed(frame)
 
-    def _beat_loop(self, sock: socket.socket) -> None:
+    def _beat_loop(self, sock: socket.socket, outbox: Outbox) -> None:
         while self._sock is sock and not self._closed:
             time.sleep(min(self._beat / 4, 1.0))
             try:
-                self._send(sock, {"op": "beat"})
+                outbox.put({"op": "beat"})
             except OSError:
                 return
-
-    def _send(self, sock: socket.socket, frame: dict) -> None:
-        with self._send_lock:
-            send_frame(sock, frame)
 
     def _lost(self, sock: socket.socket) -> None:
         with self._lock:
@@ -229,9 +251,9 @@ class Client:
             with self._lock:
                 flows = list(self._flows.values())
                 self._flows = {}
+                self._start(sock)           # its outbox exists before requests can use it
                 self._sock = sock
                 self._connected.notify_all()
-            self._start(sock)
             for endpoint in flows:
                 try:
                     endpoint.rebind()
@@ -243,14 +265,8 @@ class Client:
     def request(self, frame: dict, convert=lambda frame: frame) -> RemotePending:
         """Send a request; the returned handle's ``result()`` gives the converted answer."""
         pending = RemotePending(convert)
-        deadline = time.monotonic() + self.timeout
         with self._lock:
-            while self._sock is None:
-                if self._closed:
-                    raise errors.BrokerClosed("the client is closed; connect again")
-                if not self._connected.wait(max(deadline - time.monotonic(), 0)):
-                    raise ServerUnavailable(f"no connection to {self.address} for "
-                                            f"{self.timeout:g} s")
+            self._wait_connected()
             self._next_req += 1
             req = self._next_req
             data = encode_frame({**frame, "req": req})
@@ -260,10 +276,10 @@ class Client:
                     f"frames of at most {self.max_frame}: split the batch (or raise the "
                     f"server's --max-frame)")
             self._requests[req] = pending
-            sock = self._sock
+            outbox = self._outbox
         try:
-            with self._send_lock:
-                sock.sendall(data)
+            if outbox is not None:
+                outbox.put(data)
         except OSError:
             pass      # the reading thread resolves it with the loss
         return pending
@@ -280,9 +296,52 @@ class Client:
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
                       headers: dict | None = None) -> RemotePending:
         """Publish without waiting: ``result()`` gives the ``PublishResult`` once durable.
-        Many may be in flight on one connection; they share the server's commits."""
-        return self.request({"op": "publish", "queue": queue, "items": [[payload, key, headers]]},
-                            lambda frame: _results(frame)[0])
+        Many may be in flight on one connection: the ones made while a write is under way go
+        together in the next frame, and into one of the server's commits (each message still
+        succeeds or fails alone)."""
+        pending = RemotePending(lambda frame: frame["result"])
+        with self._lock:
+            self._wait_connected()
+            self._singles.append((queue, [payload, key, headers], pending))
+            outbox = self._outbox
+        if outbox is not None:
+            outbox.poke()
+        return pending
+
+    def _gather(self) -> list[bytes]:
+        """The writer thread's hook: the single publishes made since its last write, one
+        ``publish_each`` frame per queue (split to stay far below the frame limit)."""
+        with self._lock:
+            singles, self._singles = self._singles, []
+            frames: list[bytes] = []
+            groups: dict[str, list] = {}
+            for queue, item, pending in singles:
+                groups.setdefault(queue, []).append((item, pending))
+            for queue, group in groups.items():
+                start = 0
+                while start < len(group):
+                    size, end = 0, start
+                    while end < len(group) and (end == start or size < self.max_frame // 4):
+                        size += len(group[end][0][0]) + 64
+                        end += 1
+                    self._next_req += 1
+                    req = self._next_req
+                    part = group[start:end]
+                    self._requests[req] = _Each([p for _, p in part])
+                    frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
+                                                "items": [item for item, _ in part]}))
+                    start = end
+            return frames
+
+    def _wait_connected(self) -> None:
+        """Under the lock: wait for a connection (up to the client's timeout)."""
+        deadline = time.monotonic() + self.timeout
+        while self._sock is None:
+            if self._closed:
+                raise errors.BrokerClosed("the client is closed; connect again")
+            if not self._connected.wait(max(deadline - time.monotonic(), 0)):
+                raise ServerUnavailable(f"no connection to {self.address} for "
+                                        f"{self.timeout:g} s")
 
     def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
         """Publish a batch in one transaction on the server (all or nothing)."""
@@ -381,10 +440,10 @@ class RemoteEndpoint:
                     self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
                                                     redelivered)))
             elif op == "state":
-                self._partitions = frozenset(frame["partitions"])
+                self._held(frozenset(frame["partitions"]))
             elif op == "event":
                 update = FlowChangeUpdate(bool(frame["active"]), frozenset(frame["partitions"]))
-                self._partitions = update.partitions
+                self._held(update.partitions)
                 self._events.append(update)
                 if self._callback is not None:
                     self._callback(update)
@@ -394,6 +453,13 @@ class RemoteEndpoint:
             elif op == "error":
                 self._error = remote_error(frame)
             self._cond.notify_all()
+
+    def _held(self, partitions: frozenset[int]) -> None:
+        """The flow's partitions changed (under the lock): what was pushed from one it no longer
+        holds is not handed out; the partition's new flow gets it (redelivered)."""
+        self._partitions = partitions
+        if any(m.partition not in partitions for _, m in self._buffer):
+            self._buffer = deque((n, m) for n, m in self._buffer if m.partition in partitions)
 
     # the FlowEndpoint interface ------------------------------------------------
     def receive(self, max_messages: int, timeout: float) -> list[Message]:

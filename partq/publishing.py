@@ -63,6 +63,18 @@ def checkpoint_key(name: str) -> bytes:
     return b"checkpoint/" + name.encode()
 
 
+def checkpoint_position(checkpoint) -> tuple[str, int]:
+    """``(name, position)`` of a ``publish_many`` checkpoint, checked: the position is stored
+    as an unsigned 64-bit integer, so it must be an int from 0 to 2**64 - 1."""
+    if not isinstance(checkpoint, tuple) or len(checkpoint) != 2:
+        raise InvalidConfig(f"checkpoint must be a (name, position) tuple, not {checkpoint!r}")
+    name, position = checkpoint
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 1 << 64:
+        raise InvalidConfig(f"a checkpoint position must be an integer from 0 to 2**64 - 1, not "
+                            f"{position!r}")
+    return name, position
+
+
 class Publisher:
     """The publishing side of one open directory."""
 
@@ -110,14 +122,37 @@ class Publisher:
             return Pending(None, [])
         return Pending(self.store.submit(lambda w: self.place(w, queue, encoded)))
 
+    def publish_each_async(self, queue: str, items: list) -> Pending:
+        """Publish independent messages in one transaction: each item's result, or the
+        ``InvalidMessage`` that refused it alone (``result()`` gives one entry per item). A
+        server coalesces its clients' single publishes this way."""
+        config = self.config(queue)
+        now = self.clock.wall_ns()
+        out: list = [None] * len(items)
+        encoded: list[tuple[int, tuple[int | None, bytes]]] = []
+        for i, item in enumerate(items):
+            try:
+                encoded.append((i, encode(config, (item,), now)[0]))
+            except InvalidMessage as exc:
+                out[i] = exc
+        if not encoded:
+            return Pending(None, out)
+
+        def op(w):
+            results = self.place(w, queue, [e for _, e in encoded])
+            for (i, _), result in zip(encoded, results, strict=True):
+                out[i] = result
+            return out
+        return Pending(self.store.submit(op))
+
     def publish_many(self, queue: str, items: Iterable,
                      checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
         if checkpoint is None:
             return self.publish_many_async(queue, items).result()
+        name, position = checkpoint_position(checkpoint)
+        key = checkpoint_key(name)
         config = self.config(queue)
         encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
-        name, position = checkpoint
-        key = checkpoint_key(name)
 
         def op(w):
             config = self.config_in(w, queue)

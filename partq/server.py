@@ -4,7 +4,8 @@ follow it), and serves ``partq.connect`` clients over a ``Listener`` (TLS, token
 
 One session per connection. Requests carry an id and are answered in order of completion:
 
-    publish {queue, items: [[payload, key, headers], ...]} -> published {results}
+    publish {queue, items: [[payload, key, headers], ...]} -> published {results}  (all or none)
+    publish_each {queue, items}             -> published {results: [result or error, ...]}
     bind {queue, name, hint, skip_corrupt}  -> bound {flow, partitions, consumer_timeout}
     ack {flow, ids: [[partition, seq], ...]} -> ok        (after the acks are durable)
     ack_through {flow, partition, seq}      -> ok        (likewise)
@@ -34,7 +35,7 @@ import threading
 from partq.errors import FlowClosed, FlowFenced, PartqError
 from partq.listener import Limits, Listener
 from partq.message import Message
-from partq.wire import FrameError, recv_frame, send_frame
+from partq.wire import FrameError, Outbox, read_frame
 
 log = logging.getLogger("partq.server")
 
@@ -73,13 +74,13 @@ class Session:
         self.who = who
         self.limits = limits
         self.flows: dict[str, Pump] = {}
-        self._send_lock = threading.Lock()
+        self._outbox = Outbox(sock, "partq-serve-send")
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.closed = threading.Event()
 
     def send(self, frame: dict) -> None:
-        with self._send_lock:
-            send_frame(self.sock, frame)
+        """Queue a frame for the client (pumps, answers); written in batches by one thread."""
+        self._outbox.put(frame)
 
     def idle_timeout(self) -> float:
         timeouts = [pump.consumer_timeout for pump in list(self.flows.values())]
@@ -90,10 +91,11 @@ class Session:
                                      daemon=True)
         completer.start()
         reason = "closed the connection"
+        stream = self.sock.makefile("rb", buffering=1 << 16)
         try:
             while True:
                 self.sock.settimeout(self.idle_timeout())
-                frame = recv_frame(self.sock, self.limits.max_frame)
+                frame = read_frame(stream, self.limits.max_frame)
                 if not isinstance(frame, dict):
                     raise FrameError("a request must be a map")
                 self._handle(frame)
@@ -104,6 +106,7 @@ class Session:
         finally:
             self.closed.set()
             self._completions.put(None)
+            self._outbox.close()
             for pump in list(self.flows.values()):
                 pump.stop(unbind=True)       # a closed connection is an unbind (seed 004)
             log.info("client %s disconnected: %s; %d flow(s) unbound", self.who, reason,
@@ -118,10 +121,24 @@ class Session:
             if op == "publish":
                 items = [tuple(item) if isinstance(item, list) else item
                          for item in frame.get("items", [])]
-                pending = self.broker.publish_many_async(str(frame.get("queue")), items)
+                queue = str(frame.get("queue"))
+                if len(items) == 1 and isinstance(items[0], tuple) and len(items[0]) == 3:
+                    one = self.broker.publish_async(queue, *items[0])   # merged with others
+                    self._completions.put((req, one, lambda r: {
+                        "op": "published", "req": req,
+                        "results": [[r.partition, r.seq, r.discarded]]}))
+                    return
+                pending = self.broker.publish_many_async(queue, items)
                 self._completions.put((req, pending, lambda results: {
                     "op": "published", "req": req,
                     "results": [[r.partition, r.seq, r.discarded] for r in results]}))
+            elif op == "publish_each":
+                items = [tuple(item) for item in frame.get("items", [])]
+                each = self.broker.publish_each_async(str(frame.get("queue")), items)
+                self._completions.put((req, each, lambda results: {
+                    "op": "published", "req": req,
+                    "results": [error_frame(None, r) if isinstance(r, PartqError)
+                                else [r.partition, r.seq, r.discarded] for r in results]}))
             elif op == "bind":
                 self._bind(req, frame)
             elif op == "ack":

@@ -12,6 +12,7 @@ import hmac
 import os
 import socket
 import struct
+import threading
 
 import crc32c
 import msgpack
@@ -48,6 +49,84 @@ def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME):
         return msgpack.unpackb(body, raw=False)
     except Exception as exc:
         raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
+
+
+def read_frame(stream, max_frame: int = MAX_FRAME):
+    """``recv_frame`` from a buffered binary stream (``socket.makefile("rb")``): one system call
+    reads many small frames."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        raise FrameError(f"connection closed mid-frame ({len(header)} of {HEADER.size} bytes)")
+    length, crc = HEADER.unpack(header)
+    if length > max_frame:
+        raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
+    body = stream.read(length)
+    if len(body) < length:
+        raise FrameError(f"connection closed mid-frame ({len(body)} of {length} bytes)")
+    if crc32c.crc32c(body) != crc:
+        raise FrameError("frame crc32c mismatch")
+    try:
+        return msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
+
+
+class Outbox:
+    """Frames queued by any thread, written by one thread in as few system calls as possible:
+    what piles up while a write is under way goes out in the next one (requests of a pipelining
+    client, deliveries and answers of a server). ``close()`` ends the writer once what is queued
+    is written; a failed write closes it too (``on_error`` is told)."""
+
+    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None) -> None:
+        self._sock = sock
+        self._cond = threading.Condition()
+        self._frames: list[bytes] = []
+        self._poked = False
+        self._closed = False
+        self._on_error = on_error
+        self._gather = gather          # () -> more frames, called before each write
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, frame: dict | bytes) -> None:
+        data = frame if isinstance(frame, bytes) else encode_frame(frame)
+        with self._cond:
+            if self._closed:
+                raise OSError("the connection is closed")
+            self._frames.append(data)
+            self._cond.notify()
+
+    def poke(self) -> None:
+        """Wake the writer: ``gather`` has something."""
+        with self._cond:
+            self._poked = True
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._frames and not self._poked and not self._closed:
+                    self._cond.wait()
+                frames, self._frames, self._poked = self._frames, [], False
+                closing = self._closed
+            if self._gather is not None:
+                frames += self._gather()
+            try:
+                if frames:
+                    self._sock.sendall(b"".join(frames))
+            except OSError as exc:
+                with self._cond:
+                    self._closed = True
+                if self._on_error is not None:
+                    self._on_error(exc)
+                return
+            if closing and not frames:
+                return
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -122,9 +201,11 @@ def client_handshake(sock: socket.socket, role: str, token: bytes | None, timeou
                      **info) -> dict:
     """Run the client side of the handshake; return the server's hello. Raises
     ``AuthenticationFailed`` or ``ProtocolMismatch`` with one line saying what to do."""
-    from partq.errors import AuthenticationFailed, ProtocolMismatch
+    from partq.errors import AuthenticationFailed, PeerRefused, ProtocolMismatch
     sock.settimeout(timeout)
     hello = recv_frame(sock, HANDSHAKE_FRAME)
+    if isinstance(hello, dict) and hello.get("op") == "refused":
+        raise PeerRefused(f"the listener refused the connection: {hello.get('reason')}")
     if not isinstance(hello, dict) or hello.get("proto") != PROTOCOL:
         raise ProtocolMismatch("the peer is not a partq listener (check the address and port)")
     if hello.get("v") != WIRE_VERSION or hello.get("role") != role:
@@ -166,6 +247,12 @@ class HandshakeFailed(Exception):
 
 
 def _refuse(sock: socket.socket, reason: str) -> HandshakeFailed:
+    return refuse(sock, reason)
+
+
+def refuse(sock: socket.socket, reason: str) -> HandshakeFailed:
+    """Tell a peer why it is refused (one frame, best effort) and return the error to raise;
+    a client's ``client_handshake`` raises ``PeerRefused`` with that reason."""
     try:
         send_frame(sock, {"op": "refused", "reason": reason})
     except OSError:
