@@ -11,8 +11,9 @@ Prints one JSON object per line: ``name``, ``unit``, ``value``, ``peer``, ``peer
 * ``publish_single_8t.<mode>``: msgs/s of single ``publish`` calls from 8 threads (group commit);
 
 each workload runs for a fixed time (``--seconds``, 6 by default, 0.5 with ``--quick``) and the
-modes take turns, ``--rounds`` times (2 by default; after one unreported warm-up run): a figure
-is the median of its rounds, so disk noise and warm-up do not favour the mode that runs last.
+modes take turns, ``--rounds`` times (2 by default; after one unreported warm-up run), every other
+round in the reverse order: a figure is the median of its rounds, so disk noise, warm-up and the
+load of a shared machine do not favour the modes that run last.
 
 where ``<mode>`` is ``no_standby``, ``async_standby`` or ``sync_standby``; the standby runs in a
 separate process (this script with ``--standby``) on 127.0.0.1, its directory on the same disk.
@@ -22,6 +23,11 @@ the no-standby figure of the same workload as their peer.
 * ``replication_lag.<mode>.{messages,seconds}_{max,mean}``: the standby's lag as the primary
   reports it (``replication_status()``), sampled every 10 ms during both publish workloads;
   the async figures have the sync ones as their peer.
+* ``publish_many_b100.<async|sync>_standby_token`` and ``..._standby_tls``: the cost of
+  authentication (a token proven at connect: it should cost nothing once linked) and of TLS
+  (the token and TLS 1.3 from the standard ``ssl`` module, a certificate made for the run with
+  ``trustme``), each with the plaintext figure of the same mode as its peer. Without ``trustme``
+  the TLS lines are not printed (a line on stderr says so).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -40,6 +47,11 @@ import time
 import partq
 
 PAYLOAD = b"p" * 256
+TOKEN = "bench-replication-token-0123456789"
+# mode -> (replication mode, security): "plain" (protected mode, loopback), "token", "tls"
+MODES = {"none": (None, "plain"), "async": ("async", "plain"), "sync": ("sync", "plain"),
+         "async_token": ("async", "token"), "sync_token": ("sync", "token"),
+         "async_tls": ("async", "tls"), "sync_tls": ("sync", "tls")}
 
 
 def emit(name: str, unit: str, value: float, peer: str | None = None,
@@ -51,10 +63,15 @@ def emit(name: str, unit: str, value: float, peer: str | None = None,
 
 
 # ---------------------------------------------------------------------- standby process
-def run_standby(path: str, primary: str) -> int:
+def run_standby(path: str, primary: str, security: str, ca: str) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    broker = partq.Broker.open(path, standby_of=primary)
+    context = None
+    if security == "tls":
+        context = ssl.create_default_context(cafile=ca)
+    broker = partq.Broker.open(path, standby_of=primary,
+                               replication_token=None if security == "plain" else TOKEN,
+                               replication_ssl=context)
     try:
         stop.wait()
     finally:
@@ -62,8 +79,26 @@ def run_standby(path: str, primary: str) -> int:
     return 0
 
 
-def start_standby(path: str, primary: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--standby", path, primary])
+def start_standby(path: str, primary: str, security: str, ca: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--standby", path, primary,
+                             security, ca])
+
+
+class Certificates:
+    """A CA and a server certificate for 127.0.0.1, made for this run (None without trustme)."""
+
+    def __init__(self, workdir: str) -> None:
+        try:
+            import trustme
+        except ImportError:
+            self.ca_file = ""
+            self.server = None
+            return
+        ca = trustme.CA()
+        self.ca_file = os.path.join(workdir, "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        self.server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(self.server)
 
 
 # ---------------------------------------------------------------------- workloads
@@ -133,25 +168,41 @@ def wait_caught_up(broker: partq.Broker, timeout: float = 120) -> None:
         time.sleep(0.01)
 
 
-def run_mode(mode: str, seconds: float, workdir: str) -> dict:
-    """One broker (and standby) per mode, both workloads on it. Returns rates and lag samples."""
+def wait_linked(broker: partq.Broker, standby: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not broker.replication_status().connected:
+        if standby.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the standby did not connect (exit status {standby.poll()})")
+        time.sleep(0.01)
+
+
+def run_mode(mode: str, seconds: float, workdir: str, certs: Certificates) -> dict:
+    """One broker (and standby) per mode; both workloads on the plain modes, publish_many_b100
+    alone on the token and TLS ones. Returns rates and lag samples."""
     path = os.path.join(workdir, mode, "primary")
-    kwargs = {}
-    if mode != "none":
-        kwargs = {"replication_listen": "127.0.0.1:0", "replication_mode": mode}
+    repl_mode, security = MODES[mode]
+    kwargs: dict = {}
+    if repl_mode is not None:
+        kwargs = {"replication_listen": "127.0.0.1:0", "replication_mode": repl_mode,
+                  "replication_token": None if security == "plain" else TOKEN,
+                  "replication_ssl": certs.server if security == "tls" else None}
     broker = partq.Broker.open(path, **kwargs)
     standby = None
     try:
+        sampler = None
+        if repl_mode is not None:     # linked first: a sync primary holds commits for it
+            standby = start_standby(os.path.join(workdir, mode, "standby"),
+                                    str(broker.replication_address), security, certs.ca_file)
+            wait_linked(broker, standby)
         broker.create_queue("bm", partitions=8)
         broker.create_queue("bs", partitions=8)
-        sampler = None
-        if mode != "none":
-            standby = start_standby(os.path.join(workdir, mode, "standby"), broker._replication.address)
+        if repl_mode is not None:
             broker.update_queue("bm", rebalance_delay=5.0)   # one LSN the standby must ack
             wait_caught_up(broker)
             sampler = LagSampler(broker)
-        result = {"publish_many_b100": publish_many_b100(broker, seconds),
-                  "publish_single_8t": publish_single_8t(broker, seconds)}
+        result = {"publish_many_b100": publish_many_b100(broker, seconds)}
+        if security == "plain":
+            result["publish_single_8t"] = publish_single_8t(broker, seconds)
         if sampler is not None:
             sampler.stop()
             result["lag_messages"] = sampler.messages or [0]
@@ -174,29 +225,39 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     ap.add_argument("--seconds", type=float, help="time per workload and mode (default 6)")
     ap.add_argument("--rounds", type=int, help="turns of the three modes (default 2)")
-    ap.add_argument("--standby", nargs=2, metavar=("DIR", "PRIMARY"), help=argparse.SUPPRESS)
+    ap.add_argument("--standby", nargs=4, metavar=("DIR", "PRIMARY", "SECURITY", "CA"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.standby:
         return run_standby(*args.standby)
     seconds = args.seconds or (0.5 if args.quick else 6.0)
     rounds = args.rounds or (1 if args.quick else 2)
-    modes = ("none", "async", "sync")
     workdir = tempfile.mkdtemp(prefix="partq-bench-repl-")
+    certs = Certificates(workdir)
+    modes = [m for m in MODES if MODES[m][1] != "tls" or certs.server is not None]
+    if certs.server is None:
+        print("trustme is not installed: no TLS lines (pip install trustme)", file=sys.stderr)
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     try:
         if not args.quick:
-            run_mode("none", seconds / 2, os.path.join(workdir, "warmup"))
-        for r in range(rounds):
-            for mode in modes:
-                runs[mode].append(run_mode(mode, seconds, os.path.join(workdir, f"{r}")))
+            run_mode("none", seconds / 2, os.path.join(workdir, "warmup"), certs)
+        for r in range(rounds):       # every other round backwards: no mode always runs late
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                runs[mode].append(run_mode(mode, seconds, os.path.join(workdir, f"{r}"), certs))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for workload in ("publish_many_b100", "publish_single_8t"):
-        rate = {mode: statistics.median(run[workload] for run in runs[mode]) for mode in modes}
+        rate = {mode: statistics.median(run[workload] for run in runs[mode]) for mode in modes
+                if workload in runs[mode][0]}
         emit(f"{workload}.no_standby", "msgs/s", rate["none"])
         for mode in ("async", "sync"):
             emit(f"{workload}.{mode}_standby", "msgs/s", rate[mode],
                  f"{workload}.no_standby", rate["none"])
+        for mode in ("async", "sync"):
+            for security in ("token", "tls"):
+                if f"{mode}_{security}" in rate:
+                    emit(f"{workload}.{mode}_standby_{security}", "msgs/s",
+                         rate[f"{mode}_{security}"], f"{workload}.{mode}_standby", rate[mode])
     for series, unit in (("messages", "messages"), ("seconds", "s")):
         for stat, fn in (("max", max), ("mean", statistics.fmean)):
             values = {mode: float(fn([v for run in runs[mode] for v in run[f"lag_{series}"]]))

@@ -14,25 +14,42 @@ import dataclasses
 import logging
 import os
 import random
-import uuid
 import weakref
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from partq import scaling
 from partq.clock import SystemClock
 from partq.config import USER_SETTABLE, QueueConfig
 from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holder
+from partq.delivery.holds import clear_cutover
+from partq.delivery.runtime import delivery_layout
+from partq.delivery.state import decode_state
 from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
 from partq.message import PublishResult
+from partq.oplog import LinkWatch, log_open_report, scaling_log
 from partq.pending import Pending
 from partq.publishing import Publisher
-from partq.replication import ReplicationServer, StandbyFollower, stored_slots_status
+from partq.rebalance_plan import plan_rebalance
+from partq.rebalancer import Rebalancer
+from partq.replication import (
+    ReplicationServer,
+    SlotKeeper,
+    StandbyFollower,
+    check_sync_timeout,
+    promote_store,
+    replication_options,
+    stored_status,
+)
 from partq.states import ScalingState
 from partq.status import QueueStatus, build_queue_status
 from partq.storage import Store
-from partq.storage.encoding import PARENT, pack_u64, unpack_u64
+from partq.storage.encoding import PARENT
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
+
+if TYPE_CHECKING:
+    from partq.metrics import MetricsServer
 
 log = logging.getLogger("partq.broker")
 
@@ -71,6 +88,9 @@ class Broker:
     Use ``Broker.open(path)``; close it (or use ``with``).
     """
 
+    _metrics: MetricsServer | None = None     # the endpoint of ``metrics_listen``
+    _link_watch: LinkWatch | None = None      # logs replication links and lag alarms
+
     def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
         self._store = store
         self._replication: ReplicationServer | None = None   # on a primary that listens
@@ -88,7 +108,9 @@ class Broker:
              max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True,
              auto_tick: bool | None = None, replication_listen: str | None = None,
              replication_mode: str = "async", sync_timeout: float = 10.0,
-             standby_of: str | None = None) -> Broker:
+             standby_of: str | None = None, replication_token: str | bytes | None = None,
+             replication_token_file: str | None = None, replication_ssl=None,
+             max_slot_keep: int | None = None, metrics_listen: str | None = None) -> Broker:
         """Open the partq directory ``path`` (created if missing unless ``create=False``).
 
         ``durability``: "sync" (default; publish and ack return after an fsynced commit) or
@@ -103,10 +125,28 @@ class Broker:
         ``standby_of="HOST:PORT"`` opens this directory as a DR-standby that follows that primary;
         a standby refuses publishes and binds until ``promote()``. A directory that was a standby
         stays one (read-only) when reopened without ``standby_of``, until promoted.
+
+        Both sides (S34, docs/security.md): ``replication_token`` (or ``replication_token_file``,
+        its first line) is the shared secret each side proves to the other, never sent; without
+        one the primary admits loopback standbys only (protected mode). ``replication_ssl``: an
+        ``ssl.SSLContext``, a server context on the primary, a client context trusting its CA on
+        the standby. ``max_slot_keep``: bytes of change log kept for an absent or slow standby
+        before its slot is dropped and it re-snapshots (default 1 GiB, at most a quarter of
+        ``max_map_size``).
+
+        Metrics (S39, docs/operations.md): ``metrics_listen="HOST:PORT"`` serves Prometheus
+        metrics over HTTP on that address (an empty host is 127.0.0.1; port 0 picks a free one,
+        see ``metrics_address``) until the broker closes.
         """
         if replication_listen and standby_of:
             raise InvalidConfig("a broker is either a primary (replication_listen) or a standby "
                                 "(standby_of), not both")
+        if replication_mode not in ("async", "sync"):
+            raise InvalidConfig(f"replication_mode must be 'async' or 'sync', not "
+                                f"{replication_mode!r}")
+        sync_timeout = check_sync_timeout(sync_timeout)
+        repl = replication_options(replication_token, replication_token_file, replication_ssl,
+                                   max_slot_keep)
         clock = clock or SystemClock()
         store = Store.open(path, durability=durability, map_size=map_size, max_map_size=max_map_size,
                            create=create)
@@ -123,14 +163,23 @@ class Broker:
                                             f"start from a new directory")
                     store.write(lambda w: w.put_local_meta(b"role", b"standby"))
                     broker._standby = True
-                broker._follower = StandbyFollower(store, standby_of)
+                broker._follower = StandbyFollower(store, standby_of, repl)
             elif not broker._standby:
                 for config in broker.queues():
                     if config.scaling_status != ScalingState.READY:
-                        scaling.finish_scaling(broker, config.name)
+                        scaling.finish_scaling(broker, config.name,
+                                               scaling_log(config.name, "finishing at open: "))
                 if replication_listen:
                     broker._replication = ReplicationServer(store, replication_listen,
-                                                            replication_mode, sync_timeout)
+                                                            replication_mode, sync_timeout, repl)
+                else:       # bounds the change log this process writes while slots exist
+                    SlotKeeper(store, repl.slot_keep(store.max_map_size))
+            log_open_report(broker)
+            if replication_listen or standby_of:
+                broker._link_watch = LinkWatch(broker.replication_status)
+            if metrics_listen is not None:
+                from partq.metrics import MetricsServer
+                broker._metrics = MetricsServer(broker, metrics_listen)
         except BaseException:
             broker.close()
             raise
@@ -148,33 +197,38 @@ class Broker:
             return self._follower.status()
         if self._replication is not None:
             return self._replication.status()
-        return stored_slots_status(self._store, "standby" if self._standby else "primary")
+        return stored_status(self._store, "standby" if self._standby else "primary")
 
     def promote(self, replication_listen: str | None = None, replication_mode: str = "async",
-                sync_timeout: float = 10.0) -> None:
+                sync_timeout: float = 10.0, *, replication_token: str | bytes | None = None,
+                replication_token_file: str | None = None, replication_ssl=None,
+                max_slot_keep: int | None = None) -> None:
         """Make this DR-standby a primary: stop following, accept publishes and binds, and (with
-        ``replication_listen``) serve standbys of its own. Consumers that rebind with their names
-        or hints within the rebalance delay keep their partitions. The promoted store starts a
-        new timeline, so a standby of the old primary re-bootstraps instead of resuming from
-        LSNs that name other commits here."""
+        ``replication_listen`` and the options of ``open``) serve standbys of its own. Consumers
+        that rebind with their names or hints within the rebalance delay keep their partitions.
+        The promoted store starts a new timeline: a standby of the old primary that is not ahead
+        of this one follows it, and one that is ahead is refused and told to re-snapshot."""
         if not self._standby:
             raise InvalidConfig(f"{self.path} is not a DR-standby; nothing to promote")
+        sync_timeout = check_sync_timeout(sync_timeout)
+        repl = replication_options(replication_token, replication_token_file, replication_ssl,
+                                   max_slot_keep)
         if self._follower is not None:
             self._follower.close()
             self._follower = None
-
-        def op(w):
-            applied = w.meta(b"applied_lsn")
-            lsn = max(unpack_u64(w.meta(b"lsn") or pack_u64(0)),
-                      unpack_u64(applied) if applied else 0)
-            w.put_local_meta(b"lsn", pack_u64(lsn))
-            w.put_local_meta(b"timeline", uuid.uuid4().hex.encode())
-            w.delete_local_meta(b"role")
-        self._store.write(op)
+        self._store.write(promote_store)
         self._standby = False
         if replication_listen:
             self._replication = ReplicationServer(self._store, replication_listen, replication_mode,
-                                                  sync_timeout)
+                                                  sync_timeout, repl)
+            if self._link_watch is None:
+                self._link_watch = LinkWatch(self.replication_status)
+        log.info("%s promoted: it is a primary now", self.path)
+
+    @property
+    def metrics_address(self) -> str | None:
+        """The HOST:PORT the metrics endpoint is bound to (None without ``metrics_listen``)."""
+        return None if self._metrics is None else self._metrics.address
 
     @property
     def path(self) -> str:
@@ -323,6 +377,7 @@ class Broker:
                     raise InvalidConfig(f"queue {name!r} is {current.scaling_status}; change its "
                                         f"access type once the scaling has finished")
                 _change_logs(w, current, new)
+                clear_cutover(w, current.qid)     # no partitions, no per-key holds
             w.put_queue(name, new.to_dict())
             return new
         new = self._store.write(op)
@@ -349,12 +404,16 @@ class Broker:
             return ack_parent_log(w, config.qid, seqs)
         return self._store.write(op)
 
-    def scale(self, name: str, partitions: int, progress=None) -> QueueConfig:
+    def scale(self, name: str, partitions: int, progress=None, online: bool = False) -> QueueConfig:
         """Change the partition count (S18), one step per commit so statuses are visible; see
         ``partq.scaling.change_count``. ``progress(step: str)`` is called after each step. The
-        seven-step procedure around it (ingress, drain, DR waits) is ``partq.scaling.run``."""
+        seven-step procedure around it (ingress, drain, DR waits) is ``partq.scaling.run``.
+
+        ``online=True`` (S37) keeps per-key order with ingress on: a message published after
+        the switch whose key moved is delivered only once its key's old partition has been
+        acked up to the switch; unkeyed messages and keys that did not move flow at once."""
         self._check_writable()
-        return scaling.change_count(self, name, partitions, progress)
+        return scaling.change_count(self, name, partitions, scaling_log(name, "", progress), online)
 
     # ------------------------------------------------------------------ consume
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
@@ -396,6 +455,29 @@ class Broker:
             config = QueueConfig.from_dict(raw)
             return build_queue_status(r, config, view, queue_holder(self.path, config.qid))
 
+    def rebalance_plan(self, queue: str, consumers: int | None = None,
+                       add: Iterable[str] = (), remove: Iterable[str] = ()) -> dict:
+        """What the rebalancer would do now (S38), worked out on a copy of the queue's delivery
+        state; nothing changes. With no argument: for the current consumers (e.g. at the end of
+        a holddown in progress). ``consumers=N``: with N bound flows (added or removed);
+        ``add``/``remove``: with these flows bound or gone (names or flow ids). Returns the
+        plan document of ``partq.rebalance_plan.plan_rebalance``."""
+        config = self.queue_config(queue)
+        st = self.queue_status(queue)
+        mode, index = delivery_layout(config)
+        with self._store.read() as r:
+            state = decode_state(r.state(config.qid), f"queue {queue!r}")
+        core = (state.core if state is not None and state.mode == mode
+                else Rebalancer(len(index), 0, 0).to_dict())
+        doc = plan_rebalance(
+            core, owner_running=st.delivery_owner is not None,
+            rebalance_delay=config.rebalance_delay, max_handoff_time=config.max_handoff_time,
+            index=index, unacked={p.partition: p.unacked for p in st.partitions},
+            depth={p.partition: p.depth for p in st.partitions}, consumers=consumers,
+            add=list(add), remove=list(remove))
+        return {"queue": queue, "rebalance_status": st.rebalance_status,
+                "delivery_owner": st.delivery_owner, **doc}
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close flows (their state stays: consumers that come back within the rebalance delay
@@ -405,6 +487,10 @@ class Broker:
         self._closed = True
         if not self._store.in_owner_process():
             return    # a forked child: the parent's locks, threads and environment are not ours
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._link_watch is not None:
+            self._link_watch.close()
         if self._follower is not None:
             self._follower.close()
         if self._replication is not None:

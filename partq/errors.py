@@ -27,7 +27,8 @@ __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStor
            "InvalidMessage", "IngressDisabled", "DeliveryLocked", "FlowClosed", "BrokerClosed",
            "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged",
            "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced",
-           "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable"]
+           "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable", "PeerRefused",
+           "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError"]
 
 
 class QueueNotFound(PartqError):
@@ -119,3 +120,31 @@ class ProtocolMismatch(PartqError):
 class ServerUnavailable(PartqError):
     """No partq server answers at that address (refused, timed out, or the connection was lost
     and could not be made again in time)."""
+
+
+class PeerRefused(ServerUnavailable):
+    """A listener refused the connection before the handshake (protected mode admits loopback
+    peers only; the connection limit was reached); the message says why and what to do. A
+    ``ServerUnavailable``: code that retries on that retries on this."""
+
+
+class ReplicationRefused(PartqError):
+    """A primary refused to serve this standby, or a standby to follow this primary: their
+    histories diverged (re-snapshot the standby), or the primary has no slot left for it."""
+
+
+class OpenedReadOnly(PartqError):
+    """The directory was opened for reading only (``partq.readonly``: a user who may not write
+    it, or ``--read-only``): publishes, binds and changes are refused."""
+
+
+class TornRead(PartqError):
+    """A read without LMDB's reader lock (``partq.readonly``) saw a writer reuse the pages it
+    was reading, and retrying did not give a consistent answer. Nothing was changed; run it
+    again, or read as a user who may write the directory."""
+
+
+class CopyInError(PartqError):
+    """``copy_in`` cannot go on: the file is not a copy-out export, or a record in it is
+    damaged. What was published before stays published (a re-run skips it); the message
+    names the record."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from partq.errors import InvalidConfig
-from partq.wire import FrameError, HandshakeFailed, parse_address, server_handshake
+from partq.wire import FrameError, HandshakeFailed, parse_address, refuse, server_handshake
 
 log = logging.getLogger("partq.listener")
 
@@ -75,8 +75,14 @@ class Listener:
                 conn, peer = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return
+            except OSError as exc:
+                if self._stop.is_set():
+                    return
+                # out of descriptors, or a connection aborted before it was accepted: the
+                # listener goes on (a peer must never end it)
+                log.warning("%s listener could not accept a connection: %s", self.role, exc)
+                self._stop.wait(ACCEPT_POLL)
+                continue
             where = f"{peer[0]}:{peer[1]}"
             with self._lock:
                 full = len(self._active) >= self.limits.max_connections
@@ -85,6 +91,9 @@ class Listener:
             if full:
                 log.warning("%s listener refused %s: %d connections already", self.role, where,
                             self.limits.max_connections)
+                conn.settimeout(0)       # the refusal is best effort: never block accepting
+                refuse(conn, f"the {self.role} listener serves {self.limits.max_connections} "
+                             f"connections already; retry later")
                 conn.close()
                 continue
             thread = threading.Thread(target=self._serve, args=(conn, where, peer[0]),
@@ -97,17 +106,21 @@ class Listener:
         sock = conn
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.token is None and not is_loopback(host):
-                log.warning("%s listener refused %s: protected mode admits loopback peers only",
-                            self.role, where)
-                return
             conn.settimeout(self.limits.handshake_timeout)
+            if self.token is None and not is_loopback(host):
+                raise refuse(conn, f"this {self.role} listener is in protected mode (it has no "
+                                   f"token) and admits loopback peers only; give it a token "
+                                   f"to admit other hosts")
             if self.ssl_context is not None:
                 sock = self.ssl_context.wrap_socket(conn, server_side=True)
             hello = server_handshake(sock, self.role, self.token, self.limits.handshake_timeout,
                                      self.limits.max_frame)
         except (HandshakeFailed, FrameError, OSError, ssl.SSLError) as exc:
             log.warning("%s listener dropped %s during the handshake: %s", self.role, where, exc)
+            self._done(conn, sock)
+            return
+        except Exception:  # a bug ends this connection only, visibly
+            log.exception("%s listener: the handshake with %s failed", self.role, where)
             self._done(conn, sock)
             return
         try:

@@ -12,7 +12,10 @@ from no other process: a Store used after ``fork()`` raises ``UsedAcrossFork``.
 from __future__ import annotations
 
 import os
+import platform
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -38,6 +41,17 @@ DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
 RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
+WRITE_LOCK_POLL = 0.02               # seconds between looks at a write lock held elsewhere
+STUCK_WRITER_AFTER = 2.0             # seconds one commit may hold the lock before open stops waiting
+_LOCK_MAGIC = 0xBEEFC0DE             # LMDB's lock.mdb magic (MDB_MAGIC)
+_WMUTEX_OFFSET = 64                  # LMDB's writer mutex in lock.mdb (see _write_lock)
+_TXNID_OFFSET = 48                   # LMDB's last committed txnid in lock.mdb
+_FUTEX_TID_MASK = 0x3FFFFFFF
+# Modes of what partq creates in a store directory, whatever the umask (as PostgreSQL keeps its
+# data directory): the directory 0700, data.mdb and lock.mdb 0600. PARTQ_FILE_MODE=0640 (or
+# ``Store.open(file_mode=0o640)``) lets the owner's group read them (the directory then 0750).
+DEFAULT_FILE_MODE = 0o600
+FILE_MODE_ENV = "PARTQ_FILE_MODE"
 # what partq itself puts in a store directory
 _PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}
 
@@ -47,32 +61,57 @@ _registry_lock = threading.Lock()
 
 class _Gate:
     """Shared/exclusive gate: every transaction holds it shared; a map resize holds it exclusive
-    (py-lmdb's set_mapsize requires that no transaction of this process is active)."""
+    (py-lmdb's set_mapsize requires that no transaction of this process is active), and so does
+    reopening a store opened read-only for writing, which may also go on while threads that
+    hold it shared wait ``parked`` (promising not to use their transactions again)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._active = 0
         self._exclusive = False
+        self._held: dict[int, int] = {}      # thread -> shared holds
+        self._parked = 0                     # shared holds of threads waiting in parked()
 
     def enter(self) -> None:
+        me = threading.get_ident()
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
             self._active += 1
+            self._held[me] = self._held.get(me, 0) + 1
 
     def leave(self) -> None:
+        me = threading.get_ident()
         with self._cond:
             self._active -= 1
-            if self._active == 0:
+            if self._held.get(me, 0) > 1:
+                self._held[me] -= 1
+            else:
+                self._held.pop(me, None)
+            if self._active == self._parked:
                 self._cond.notify_all()
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def parked(self) -> Iterator[None]:
+        """While the calling thread waits in here, its own shared holds do not keep
+        ``exclusive(over_parked=True)`` waiting."""
+        with self._cond:
+            mine = self._held.get(threading.get_ident(), 0)
+            self._parked += mine
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._parked -= mine
+
+    @contextmanager
+    def exclusive(self, over_parked: bool = False) -> Iterator[None]:
         with self._cond:
             while self._exclusive:
                 self._cond.wait()
             self._exclusive = True
-            while self._active:
+            while self._active > (self._parked if over_parked else 0):
                 self._cond.wait()
         try:
             yield
@@ -88,30 +127,39 @@ class OpenReport:
     def __init__(self) -> None:
         self.created = False
         self.stale_readers_cleared = 0
+        self.write_lock_holder: int | None = None   # pid inside a commit when this opened
 
     def as_dict(self) -> dict:
-        return {"created": self.created, "stale_readers_cleared": self.stale_readers_cleared}
+        out = {"created": self.created, "stale_readers_cleared": self.stale_readers_cleared}
+        if self.write_lock_holder is not None:
+            out["write_lock_holder"] = self.write_lock_holder
+        return out
 
 
 class Store:
     """One open partq directory. Use ``Store.open``; close with ``close()`` or ``with``."""
 
-    def __init__(self, path: str, durability: str, map_size: int, max_map_size: int) -> None:
+    def __init__(self, path: str, durability: str, map_size: int, max_map_size: int,
+                 file_mode: int = DEFAULT_FILE_MODE) -> None:
         self.path = path
         self.durability = durability
         self.max_map_size = max_map_size
+        self.file_mode = file_mode
         self.report = OpenReport()
         self._pid = os.getpid()
         self._refs = 1
         self._gate = _Gate()
         self._closed = False
-        self.env = self._open_env(map_size)
-        try:
-            self.dbs = self._open_dbs()
-        except BaseException:
-            self.env.close()
-            raise
-        psize = self.env.stat()["psize"]
+        # An existing store whose write lock another process holds (a commit under way, or a
+        # process stopped inside one) is opened with LMDB's readonly environment, whose named
+        # databases open without a write transaction; the first write of this process reopens
+        # it writable (``_make_writable``). Otherwise the environment is writable from the
+        # start. (py-lmdb exports the database handles a read transaction opened only in a
+        # readonly environment: hence the two ways.)
+        self._env_readonly = False
+        self._upgrade_lock = threading.Lock()
+        self.env, self.dbs = self._open_existing(map_size)
+        psize = self._psize = self.env.stat()["psize"]
         self._append_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
         from partq.storage.group_commit import GroupCommitWriter
         self._writer = GroupCommitWriter(self)
@@ -124,8 +172,15 @@ class Store:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, path: str | os.PathLike, *, durability: str = "sync", map_size: int = DEFAULT_MAP_SIZE,
-             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True) -> Store:
+             max_map_size: int = DEFAULT_MAX_MAP_SIZE, create: bool = True,
+             file_mode: int | None = None) -> Store:
         """Open (and create if missing and ``create``) the store in directory ``path``.
+
+        Opening an existing store never waits for LMDB's write lock: it reads in a read
+        transaction only (a process stopped inside a commit cannot hold up an inspection); only
+        creating a store writes. A new directory is made 0700 and its data files 0600 whatever
+        the umask; ``file_mode`` (or ``$PARTQ_FILE_MODE``, octal) 0o640 gives the group read
+        access instead. Modes of an existing store are left as they are.
 
         ``durability="sync"`` (default): a write returns after LMDB committed it with fsync; all of
         ACID holds across process and OS crashes. ``durability="async"``: commits are not fsynced
@@ -137,6 +192,7 @@ class Store:
             raise InvalidConfig(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if map_size <= 0 or max_map_size < map_size:
             raise InvalidConfig("need 0 < map_size <= max_map_size")
+        mode = _file_mode(file_mode)
         real = os.path.realpath(os.fspath(path))
         with _registry_lock:
             store = _registry.get(real)
@@ -146,19 +202,55 @@ class Store:
                 if store.durability != durability:
                     raise InvalidConfig(f"{real} is already open in this process with durability="
                                         f"{store.durability!r}; open it with the same setting")
+                if store.max_map_size != max_map_size:
+                    raise InvalidConfig(f"{real} is already open in this process with max_map_size="
+                                        f"{store.max_map_size}, not {max_map_size}: one process "
+                                        f"shares one environment per directory; open it with the "
+                                        f"same max_map_size (or share the Broker)")
                 store._refs += 1
                 return store
-            _prepare_directory(real, create)
-            store = cls(real, durability, map_size, max_map_size)
+            _prepare_directory(real, create, mode)
+            store = cls(real, durability, map_size, max_map_size, mode)
             _registry[real] = store
             return store
 
-    def _open_env(self, map_size: int) -> lmdb.Environment:
+    def _open_existing(self, map_size: int) -> tuple[lmdb.Environment, dict[str, Any]]:
+        """The environment and its databases: read-only when the store is complete (no write
+        lock taken, so a process stopped inside a commit holds up no open), writable to
+        create it (or finish a creation cut short)."""
+        holder = None
+        if os.path.exists(os.path.join(self.path, "data.mdb")):
+            holder = self._stuck_writer()
+        if holder is not None:
+            self.report.write_lock_holder = holder
+            env = self._open_env(map_size, readonly=True)
+            try:
+                dbs = self._open_existing_dbs(env)
+            except BaseException:
+                env.close()
+                raise
+            if dbs is not None:
+                self._env_readonly = True
+                return env, dbs
+            env.close()
+        env = self._open_env(map_size, readonly=False)
+        try:
+            return env, self._create_dbs(env)
+        except BaseException:
+            env.close()
+            raise
+
+    def _open_env(self, map_size: int, readonly: bool = False) -> lmdb.Environment:
         for attempt in range(RESIZE_RETRIES):
             try:
+                fresh = not os.path.exists(os.path.join(self.path, "data.mdb"))
                 env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
                                 subdir=True, sync=self.durability == "sync", metasync=True,
-                                max_readers=1024, lock=True, create=True)
+                                max_readers=1024, lock=True, create=not readonly,
+                                readonly=readonly, mode=self.file_mode)
+                if fresh:     # LMDB applies the umask to ``mode``: set it exactly
+                    for name in ("data.mdb", "lock.mdb"):
+                        _chmod_own(os.path.join(self.path, name), self.file_mode)
                 break
             except lmdb.MapResizedError:
                 # another process grew the map between LMDB's open and its first transaction
@@ -188,53 +280,120 @@ class Store:
             raise CorruptStore(f"{self.path}/data.mdb is {size} bytes but its meta page says "
                                f"{needed} are in use: the file was truncated (an interrupted copy "
                                f"or a full disk); restore it from a DR-standby or backup")
-        self.report.stale_readers_cleared = env.reader_check()
+        self.report.stale_readers_cleared += env.reader_check()
         return env
 
-    def _open_dbs(self) -> dict[str, Any]:   # name -> lmdb's database handle
-        env = self.env
+    def _main_keys(self, env: lmdb.Environment) -> list[bytes]:
         try:
-            self._gate.enter()
-            try:
-                txn = self._begin(write=False)
-                try:
-                    main_keys = [k for k, _ in txn.cursor()]
-                finally:
-                    txn.abort()
-            finally:
-                self._gate.leave()
+            with _begin_adopting(env) as txn:
+                keys = [bytes(k) for k, _ in txn.cursor()]
         except lmdb.Error as exc:
             raise CorruptStore(f"cannot read {self.path}: {exc}") from None
-        if main_keys and b"meta" not in main_keys:
+        if keys and b"meta" not in keys:
             raise NotAPartqStore(f"{self.path} holds an LMDB environment that is not a partq store; "
                                  f"pass a new or empty directory")
+        return keys
+
+    def _open_existing_dbs(self, env: lmdb.Environment) -> dict[str, Any] | None:
+        """The databases of a complete store, in a readonly environment; None when a database or
+        the format stamp is missing (a creation cut short: the caller finishes it)."""
+        if not all(name.encode() in self._main_keys(env) for name in DB_NAMES):
+            return None
+        try:
+            dbs = {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
+            with _begin_adopting(env) as txn:
+                stamp = txn.get(b"format", db=dbs["meta"])
+        except lmdb.Error as exc:
+            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
+        if stamp is None:
+            return None
+        self._check_stamp(bytes(stamp))
+        return dbs
+
+    def _create_dbs(self, env: lmdb.Environment) -> dict[str, Any]:
+        """Create (or finish creating) the store's databases and format stamp."""
+        self._main_keys(env)
         dbs: dict[str, Any] = {}
         try:
-            with self._write_txn() as txn:
+            with _begin_adopting(env, write=True) as txn:
                 for name in DB_NAMES:
                     dbs[name] = env.open_db(name.encode(), txn=txn, create=True)
                 stamp = txn.get(b"format", db=dbs["meta"])
                 if stamp is None:
                     txn.put(b"format", FORMAT_STAMP, db=dbs["meta"])
                     self.report.created = True
-                elif stamp != FORMAT_STAMP:
-                    raise FormatVersionMismatch(
-                        f"{self.path} was written in on-disk format {stamp.decode(errors='replace')!r}; "
-                        f"this partq reads format {FORMAT_VERSION}: open it with the partq version "
-                        f"that wrote it, or export it with that version's `partq copy-out`")
+                else:
+                    self._check_stamp(bytes(stamp))
         except lmdb.Error as exc:
             raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         return dbs
 
-    @contextmanager
-    def _write_txn(self):
-        """A raw write transaction outside the group-commit thread (open-time use only)."""
+    def _stuck_writer(self) -> int | None:
+        """The pid of a process stuck inside a commit: stopped (SIGSTOP, a debugger), or holding
+        LMDB's write lock for ``STUCK_WRITER_AFTER`` seconds while no commit ends. None when
+        the lock is free or commits go on (this open then waits its turn, as writers do)."""
+        deadline = time.monotonic() + STUCK_WRITER_AFTER
+        first = None
+        while (lock := _write_lock(self.path)) is not None:
+            pid, txnid, stopped = lock
+            if stopped:
+                return pid
+            if first is None:
+                first = txnid
+            elif txnid != first:
+                return None
+            if time.monotonic() >= deadline:
+                return pid
+            time.sleep(WRITE_LOCK_POLL)
+        return None
+
+    def _make_writable(self) -> None:
+        """Reopen a store opened read-only for writing, before this process's first write.
+        While the writer that holds LMDB's write lock is stopped it waits (this write would
+        anyway) without holding up this process's readers; then it reopens the environment
+        writable, its databases taking that lock (py-lmdb offers no other way). A thread that
+        holds a read itself (an ack computed in a read) waits parked: its transaction ends with
+        the readonly environment, which it must not use again."""
+        with self._gate.parked(), self._upgrade_lock:
+            while self._env_readonly and (lock := _write_lock(self.path)) is not None \
+                    and lock[2]:
+                time.sleep(WRITE_LOCK_POLL)
+            self._reopen_writable()
+
+    def _reopen_writable(self) -> None:
+        with self._gate.exclusive(over_parked=True):
+            if not self._env_readonly or self._closed:
+                return
+            map_size = self.env.info()["map_size"]
+            self.env.close()
+            try:
+                env = self._open_env(map_size, readonly=False)
+                try:
+                    dbs = {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
+                except BaseException:
+                    env.close()
+                    raise
+            except BaseException:
+                self.env = self._open_env(map_size, readonly=True)      # as it was
+                self.dbs = {name: self.env.open_db(name.encode(), create=False)
+                            for name in DB_NAMES}
+                raise
+            self.env, self.dbs, self._env_readonly = env, dbs, False
+
+    def _info(self) -> Any:
+        """``env.info()`` that never meets the environment ``_make_writable`` closed."""
         self._gate.enter()
         try:
-            with self._begin(write=True) as txn:
-                yield txn
+            return self.env.info()
         finally:
             self._gate.leave()
+
+    def _check_stamp(self, stamp: bytes) -> None:
+        if stamp != FORMAT_STAMP:
+            raise FormatVersionMismatch(
+                f"{self.path} was written in on-disk format {stamp.decode(errors='replace')!r}; "
+                f"this partq reads format {FORMAT_VERSION}: open it with the partq version "
+                f"that wrote it, or export it with that version's `partq copy-out`")
 
     # ------------------------------------------------------------------ reading
     @contextmanager
@@ -272,8 +431,10 @@ class Store:
     # ------------------------------------------------------------------ writing
     def submit(self, op: Callable[[Writer], T]):
         """Queue ``op`` for the next group commit; returns a ``Pending`` whose ``result()``
-        waits for the commit."""
+        waits for the commit. A store opened read-only is made writable first."""
         self.check_usable()
+        if self._env_readonly:
+            self._make_writable()
         return self._writer.submit(op)
 
     def write(self, op: Callable[[Writer], T]) -> T:
@@ -338,6 +499,14 @@ class Store:
     def remove_commit_hook(self, fn: Callable[[int], None]) -> None:
         self._writer.remove_listener(fn)
 
+    def on_commit_stats(self, fn: Callable[[float, int, int], None]) -> None:
+        """Call ``fn(seconds, operations, appended)`` in the writer thread after every commit of
+        this process (its duration, fsync included; operations and records it carried)."""
+        self._writer.add_stats_listener(fn)
+
+    def remove_commit_stats_hook(self, fn: Callable[[float, int, int], None]) -> None:
+        self._writer.remove_stats_listener(fn)
+
     def set_sync_gate(self, gate) -> None:
         """Hold the callers of commits that wrote replicated changes in ``gate`` (its
         ``hold(lsn, pendings, results)`` resolves them later) instead of resolving them at
@@ -357,14 +526,14 @@ class Store:
     def version(self) -> int:
         """A number that changes with every commit of any process (LMDB's last transaction
         id): compare two readings to know, cheaply, whether anything was written between."""
-        return self.env.info()["last_txnid"]
+        return self._info()["last_txnid"]
 
     def usage(self) -> dict:
         """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file
         ever used: LMDB reuses freed pages, the file never shrinks), ``live`` (bytes of pages the
         data needs now), ``map_size``, and the reader slots in use."""
         self.check_usable()
-        info, psize = self.env.info(), self.env.stat()["psize"]
+        info, psize = self._info(), self._psize
         with self.read() as r:
             pages = 4 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
                             for st in (r.db_stat(name) for name in DB_NAMES))
@@ -377,9 +546,9 @@ class Store:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
         commit does not run the write, hit MapFull, grow and run it all again."""
         self.check_usable()
-        psize = self.env.stat()["psize"]
+        psize = self._psize
         while True:
-            info = self.env.info()
+            info = self._info()
             free = info["map_size"] - (info["last_pgno"] + 1) * psize
             if free >= nbytes or info["map_size"] >= self.max_map_size:
                 return
@@ -387,7 +556,7 @@ class Store:
 
     def grow_map(self) -> None:
         """Double the map (called by the writer after MapFull). Raises StorageFull at the limit."""
-        current = self.env.info()["map_size"]
+        current = self._info()["map_size"]
         if current >= self.max_map_size:
             raise StorageFull(f"{self.path} reached max_map_size={self.max_map_size} bytes; open the "
                               f"broker with a larger max_map_size, or ack and drain messages")
@@ -410,7 +579,7 @@ class Store:
         while not self._stop_flushing.wait(ASYNC_FLUSH_INTERVAL):
             self._gate.enter()
             try:
-                if not self._closed:
+                if not self._closed and not self._env_readonly:
                     self.env.sync(True)
             except lmdb.Error:
                 pass
@@ -422,7 +591,8 @@ class Store:
         self.check_usable()
         self._gate.enter()
         try:
-            self.env.sync(True)
+            if not self._env_readonly:       # nothing written here to flush
+                self.env.sync(True)
         finally:
             self._gate.leave()
 
@@ -450,19 +620,98 @@ class Store:
         self.close()
 
 
+def write_lock_holder(path: str) -> int | None:
+    """The pid of the live process that holds LMDB's write lock on the store in ``path`` (a
+    commit under way, or a process stopped inside one), or None: free, held by a process that
+    died (LMDB recovers it), or unknown on this platform."""
+    lock = _write_lock(path)
+    return None if lock is None else lock[0]
+
+
+def _write_lock(path: str) -> tuple[int, int, bool] | None:
+    """(holder pid, LMDB's last committed txnid, whether the holder is stopped) while a live
+    process holds the store's write lock; else None.
+
+    LMDB keeps its writer mutex in ``lock.mdb``: a process-shared robust pthread mutex at
+    offset 64 (the second 64-byte cache line, after the reader mutex, the last txnid at offset
+    48 and the reader count), whose first word glibc sets to the owning thread's id. That
+    layout is read only on Linux with glibc, after checking the file's magic number."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        with open(os.path.join(path, "lock.mdb"), "rb") as f:
+            head = f.read(_WMUTEX_OFFSET + 4)
+    except OSError:
+        return None
+    if len(head) < _WMUTEX_OFFSET + 4 or int.from_bytes(head[:4], sys.byteorder) != _LOCK_MAGIC:
+        return None
+    tid = int.from_bytes(head[_WMUTEX_OFFSET:_WMUTEX_OFFSET + 4], sys.byteorder) & _FUTEX_TID_MASK
+    if tid == 0:
+        return None
+    txnid = int.from_bytes(head[_TXNID_OFFSET:_TXNID_OFFSET + 8], sys.byteorder)
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        pid, state = int(fields["Tgid"]), fields["State"].split()[0]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None              # its holder died: the next writer recovers the lock
+    return pid, txnid, state in ("T", "t")
+
+
 def _fork_message(path: str, parent: int) -> str:
     return (f"{path} was opened by process {parent}, and this process ({os.getpid()}) is a fork "
             f"of it: LMDB environments cannot be used or opened again in a forked child. Open the "
             f"store only after forking, or start children with multiprocessing's 'spawn' method")
 
 
-def _prepare_directory(path: str, create: bool) -> None:
+def _file_mode(given: int | None) -> int:
+    """The mode of a new store's data files: ``given``, else ``$PARTQ_FILE_MODE``, else 0600.
+    Owner read and write are required; execute and special bits are refused."""
+    if given is None:
+        raw = os.environ.get(FILE_MODE_ENV)
+        if not raw:
+            return DEFAULT_FILE_MODE
+        try:
+            given = int(raw, 8)
+        except ValueError:
+            raise InvalidConfig(f"${FILE_MODE_ENV}={raw!r} is not an octal file mode; use e.g. "
+                                f"0600 (the default) or 0640") from None
+    if type(given) is not int or given & ~0o666 or given & 0o600 != 0o600:
+        raise InvalidConfig(f"file_mode {given!r} must give the owner read and write and no execute "
+                            f"or special bits: e.g. 0o600 (the default) or 0o640")
+    return given
+
+
+def _dir_mode(file_mode: int) -> int:
+    """The directory mode that goes with a file mode: search where read is allowed (0640 ->
+    0750)."""
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def _begin_adopting(env: lmdb.Environment, write: bool = False) -> lmdb.Transaction:
+    """A transaction of an environment no other thread uses yet (opening): adopt a map size
+    another process grew meanwhile, as ``Store._begin`` does for an open store."""
+    for _ in range(RESIZE_RETRIES):
+        try:
+            return env.begin(write=write)
+        except lmdb.MapResizedError:
+            env.set_mapsize(0)
+    return env.begin(write=write)
+
+
+def _chmod_own(path: str, mode: int) -> None:
+    """Set the mode of a path this process just created (umask ignored)."""
+    os.chmod(path, mode)
+
+
+def _prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MODE) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotAPartqStore(f"{path} is a file, not a partq directory")
     if not os.path.exists(path):
         if not create:
             raise NotAPartqStore(f"{path} does not exist; create it with `partq --data {path} init`")
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=_dir_mode(file_mode), exist_ok=True)
+        _chmod_own(path, _dir_mode(file_mode))      # exactly, whatever the umask
         return
     entries = set(os.listdir(path))
     if "data.mdb" not in entries and not create:
@@ -470,3 +719,5 @@ def _prepare_directory(path: str, create: bool) -> None:
     if "data.mdb" not in entries and entries - _PARTQ_FILES:
         raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
                              f"directory")
+    if "data.mdb" not in entries and os.stat(path).st_uid == os.getuid():
+        _chmod_own(path, _dir_mode(file_mode))     # a store is made here: as initdb does

@@ -1,4 +1,5 @@
-"""`partq standby` (run a DR-standby) and `partq dr status|promote` (S27, seed 001's DR steps).
+"""`partq standby` (run a DR-standby) and `partq dr status|promote|slots|drop-slot` (S27, seed
+001's DR steps; docs/security.md for the token and TLS options).
 
 A standby process holds ``DIR/standby.lock`` (flock, "pid P on HOST since T"), so `dr status`
 can say who follows and `dr promote` can stop that process before promoting the directory.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import threading
 import time
 
@@ -14,6 +16,7 @@ import click
 
 from partq.broker import Broker
 from partq.delivery.lock import LockHeld, OwnerLock, holder
+from partq.replication import drop_slot, list_slots
 from partq.tools.common import App, UserError
 from partq.tools.output import Output, output_options
 
@@ -42,25 +45,63 @@ def _show(out: Output, doc: dict, follower: str | None) -> None:
         out.echo("no DR-standby attached")
 
 
+def client_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The standby's TLS context: trust ``ca`` (the primary's CA; the system's CAs without
+    it), and present ``cert``/``key`` when the primary asks for a client certificate."""
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise click.UsageError("pass both --tls-cert and --tls-key, or neither")
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UserError(f"cannot load the TLS files ({exc}); check --tls-ca, --tls-cert and "
+                        f"--tls-key") from None
+    return context
+
+
 @click.command()
 @click.option("--primary", required=True, metavar="HOST:PORT",
               help="The primary's replication address (Broker.open(..., replication_listen=...)).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="A file whose first line is the primary's replication token (without one, "
+                   "only a primary in protected mode, on this host, serves it).")
+@click.option("--tls", "use_tls", is_flag=True,
+              help="Connect with TLS, trusting the system's CAs (or --tls-ca).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False),
+              help="PEM file of the CA that signed the primary's certificate (implies --tls).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False),
+              help="PEM client certificate, for a primary that requires one.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM key of --tls-cert.")
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between status lines.")
 @output_options
 @click.pass_obj
-def standby(app: App, primary: str, interval: float, out: Output) -> None:
+def standby(app: App, primary: str, token_file: str | None, use_tls: bool, tls_ca: str | None,
+            tls_cert: str | None, tls_key: str | None, interval: float, out: Output) -> None:
     """Run a DR-standby of PRIMARY in --data DIR until SIGTERM or Ctrl-C.
 
     DIR must be new (or an earlier standby of the same primary). The standby refuses publishes
-    and binds until `partq dr promote`. Prints its status every --interval seconds.
+    and binds until `partq dr promote`. It proves --token-file's token to the primary and checks
+    the primary's proof back; with --tls/--tls-ca it checks the primary's certificate. Prints
+    its status every --interval seconds.
     """
-    os.makedirs(app.path, exist_ok=True)
+    context = client_tls(tls_ca, tls_cert, tls_key)
+    if use_tls and context is None:
+        context = ssl.create_default_context()
+    os.makedirs(app.path, mode=0o700, exist_ok=True)
     lock = _take_lock(app.path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())   # handlers only set flags
-    broker = Broker.open(app.path, standby_of=primary)
+    try:
+        broker = Broker.open(app.path, standby_of=primary, replication_token_file=token_file,
+                             replication_ssl=context)
+    except BaseException:
+        lock.release()
+        raise
     try:
         while not stop.wait(interval):
             doc = _status_doc(broker)
@@ -68,8 +109,11 @@ def standby(app: App, primary: str, interval: float, out: Output) -> None:
                 out.doc({"time": time.time(), **doc})
             else:
                 state = "connected" if doc["connected"] else "connecting"
-                out.echo(f"{time.strftime('%H:%M:%S')} {state} to {primary}: applied LSN "
-                         f"{doc['applied_lsn']}, lag {doc['lag_messages']} messages")
+                line = (f"{time.strftime('%H:%M:%S')} {state} to {primary}: applied LSN "
+                        f"{doc['applied_lsn']}, lag {doc['lag_messages']} messages")
+                if not doc["connected"] and doc.get("last_error"):
+                    line += f" ({doc['last_error']})"
+                out.echo(line)
     finally:
         broker.close()
         lock.release()
@@ -85,7 +129,7 @@ def _take_lock(path: str) -> OwnerLock:
 
 @click.group()
 def dr() -> None:
-    """DR-standby replication: status and promotion."""
+    """DR-standby replication: status, promotion and the primary's replication slots."""
 
 
 @dr.command("status")
@@ -129,3 +173,52 @@ def dr_promote(app: App, timeout: float, out: Output) -> None:
     else:
         stopped = f" (stopped the standby process {follower})" if follower else ""
         out.echo(f"promoted {app.path} to primary at LSN {doc['head_lsn']}{stopped}")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+@dr.command("slots")
+@output_options
+@click.pass_obj
+def dr_slots(app: App, out: Output) -> None:
+    """The replication slots of the primary in --data DIR: per standby its acked LSN, lag
+    (changes, messages, seconds), age and time since its last ack, then the slots invalidated
+    because the change log they kept passed max_slot_keep."""
+    with app.broker() as broker:
+        slots = list_slots(broker.store)
+    if out.json:
+        out.doc({"slots": slots})
+        return
+    if not slots:
+        out.echo("no replication slots")
+        return
+    out.table(["STANDBY", "STATE", "ACKED LSN", "LAG CHANGES", "LAG MESSAGES", "LAG SECONDS",
+               "AGE S", "IDLE S", "ADDRESS"],
+              [[s["standby_id"], s["state"], s["acked_lsn"], _dash(s["lag_changes"]),
+                _dash(s["lag_messages"]), _seconds(s["lag_seconds"]), _seconds(s["age_seconds"]),
+                _seconds(s["idle_seconds"]), s["address"] or "-"] for s in slots])
+
+
+def _dash(value) -> object:
+    return "-" if value is None else value
+
+
+@dr.command("drop-slot")
+@click.argument("standby_id", metavar="ID")
+@output_options
+@click.pass_obj
+def dr_drop_slot(app: App, standby_id: str, out: Output) -> None:
+    """Drop standby ID's replication slot: the change log it kept is trimmed at once. The
+    standby, when it comes back (a running one reconnects at once), gets a new slot, and starts
+    again from a snapshot if it lacks changes that were trimmed."""
+    with app.broker() as broker:
+        dropped = drop_slot(broker.store, standby_id)
+    if not dropped:
+        raise UserError(f"no replication slot named {standby_id!r}; list them with `partq dr "
+                        f"slots`")
+    if out.json:
+        out.doc({"dropped": standby_id})
+    else:
+        out.echo(f"dropped the replication slot of standby {standby_id}")

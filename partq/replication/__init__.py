@@ -1,11 +1,31 @@
-"""DR-standby replication over TCP (S27, seed 001's DR steps): the primary (``primary``), the
-standby (``standby``), what both report (``status``); frames are ``partq.wire``'s."""
-from partq.errors import ReplicationTimeout
-from partq.replication.primary import ReplicationServer, SyncGate
-from partq.replication.standby import StandbyFollower, install_snapshot
-from partq.replication.status import ReplicationStatus, StandbyLink, stored_slots_status
-from partq.wire import MAX_FRAME, FrameError, parse_address, recv_frame, send_frame
+"""DR-standby replication over TCP (S27, seed 001's DR steps, S34's listener rules).
 
-__all__ = ["MAX_FRAME", "FrameError", "ReplicationServer", "ReplicationStatus", "ReplicationTimeout",
-           "StandbyFollower", "StandbyLink", "SyncGate", "install_snapshot", "parse_address",
-           "recv_frame", "send_frame", "stored_slots_status"]
+The rooms: ``protocol`` (options, frame bounds and checks), ``primary`` (the listener's side),
+``standby`` (the follower), ``gate`` (sync mode's wait for a standby), ``slots`` (what the
+primary keeps per standby, and its bound), ``snapshot`` (one in flight, streamed into the
+standby's own directory), ``timeline`` (histories, so a standby never follows a primary whose
+commits are not its own), ``status`` (what both report). Frames and the handshake are
+``partq.wire``'s; the listener is ``partq.listener``'s.
+"""
+from partq.errors import ReplicationRefused, ReplicationTimeout
+from partq.replication.gate import SyncGate
+from partq.replication.primary import ReplicationServer
+from partq.replication.protocol import (
+    MAX_FRAME,
+    ReplicationOptions,
+    check_sync_timeout,
+    replication_options,
+)
+from partq.replication.slots import SlotKeeper, drop_slot, list_slots, stored_status
+from partq.replication.snapshot import install_snapshot
+from partq.replication.standby import StandbyFollower, promote_store
+from partq.replication.status import ReplicationStatus, StandbyLink
+from partq.wire import FrameError, parse_address, recv_frame, send_frame
+
+stored_slots_status = stored_status      # the name callers used before slots had their room
+
+__all__ = ["MAX_FRAME", "FrameError", "ReplicationOptions", "ReplicationRefused",
+           "ReplicationServer", "ReplicationStatus", "ReplicationTimeout", "SlotKeeper",
+           "StandbyFollower", "StandbyLink", "SyncGate", "check_sync_timeout", "drop_slot",
+           "install_snapshot", "list_slots", "parse_address", "promote_store", "recv_frame",
+           "replication_options", "send_frame", "stored_slots_status", "stored_status"]

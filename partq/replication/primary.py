@@ -1,300 +1,362 @@
 """The primary side of DR-standby replication (S27, seed 001's DR steps).
 
-The primary logs every commit's logical changes under a log sequence number (LSN) while a standby
-slot exists (``storage.txn.Writer.finish``). A standby connects and says who it is and what it
-has applied; the primary registers its slot, then sends either the change log after that LSN or,
-when those changes are gone (or the standby is new), a snapshot of the environment (taken from a
-read transaction: the primary keeps running) followed by the change log.
+The primary logs every commit's logical changes under a log sequence number (LSN) while a
+standby slot exists (``storage.txn.Writer.finish``). Standbys connect through a ``Listener``
+(role ``"replication"``: TLS when configured, the token's challenge-response, a handshake
+timeout, a connection limit, and protected mode, loopback only, without a token). For a standby
+that passed the handshake the primary checks that the standby's history is a prefix of its own
+(``timeline``; a standby that is not is refused and told to re-snapshot), registers its slot
+(``slots``) and sends either the change log after the standby's LSN or, when those changes are
+gone (or the standby is new), a snapshot (``snapshot``, one at a time) followed by the log.
 
-Modes: ``async`` (default): publish returns after the local commit; the standby follows. ``sync``:
-callers whose commit wrote changes are held until the standby acked that LSN (durable on the
-standby), or fail with ``ReplicationTimeout`` after ``sync_timeout`` seconds (the message is then
-stored on the primary but not known to be on the standby: an unknown outcome, as in Kafka).
+Modes: ``async`` (default): publish returns after the local commit; the standby follows.
+``sync``: callers whose commit wrote changes are held until one standby acked that LSN (durable
+on the standby; ``gate``), or fail with ``ReplicationTimeout`` after ``sync_timeout`` seconds
+(the message is then stored on the primary but not known to be on a standby: an unknown
+outcome, as in Kafka). A sync primary with no standby holds every such publish until the
+timeout, as PostgreSQL does with ``synchronous_standby_names`` set.
+
+Every start of a listener begins a new timeline, so a primary restored from a file backup never
+hands a standby LSNs that name other commits than the ones it applied.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import shutil
 import socket
-import tempfile
+import ssl
 import threading
 import time
-import uuid
-from collections import deque
 
 import crc32c
 import msgpack
 
-from partq.errors import PartqError, ReplicationTimeout
+from partq.errors import InvalidConfig, PartqError, ReplicationRefused
+from partq.listener import Listener
+from partq.replication import slots, timeline
+from partq.replication.gate import SyncGate
+from partq.replication.protocol import (
+    ACK_FRAME,
+    BATCH_BYTES,
+    HEARTBEAT,
+    LINK_TIMEOUT,
+    PART_BYTES,
+    ROLE,
+    ReplicationOptions,
+    batches,
+    check_sync_timeout,
+    expect,
+    lsn_field,
+    standby_hello,
+)
+from partq.replication.snapshot import SnapshotSender, remove_leftovers
 from partq.replication.status import (
     ReplicationStatus,
     StandbyLink,
     lag,
     primary_status,
-    read_slots,
     stored_messages,
     u64,
 )
-from partq.storage.txn import decode_change
-from partq.wire import CHUNK, MAX_FRAME, FrameError, parse_address, recv_frame, send_frame
+from partq.wire import FrameError, recv_frame, send_frame
 
 log = logging.getLogger("partq.replication")
 
 MAX_ENTRIES_PER_FRAME = 512
-HEARTBEAT = 0.5
-TRIM_EVERY = 0.5          # seconds between change-log trims on the primary
+GATE_POLL = 0.05               # seconds between checks of held sync-mode callers' deadlines
+SEEN_EVERY = 10.0              # seconds between stores of an idle standby's last-seen time
 
 
-class SyncGate:
-    """Holds sync-mode callers until a standby acked their commit's LSN."""
+def entry_header(raw: bytes) -> tuple[int, int, int]:
+    """(LSN, commit time in ns, messages appended up to it) of a change-log entry, read from its
+    first bytes: an entry of hundreds of MiB is not decoded to learn its LSN."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(raw[:64])
+    unpacker.read_array_header()
+    return unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._held: deque = deque()     # (lsn, deadline, batch, results)
-        self._acked = 0
 
-    def hold(self, lsn: int, batch, results) -> None:
-        with self._lock:
-            if lsn > self._acked:
-                self._held.append((lsn, time.monotonic() + self.timeout, batch, results))
-                return
-        for pending, result in zip(batch, results, strict=True):
-            pending.resolve(result)
+@dataclasses.dataclass(frozen=True)
+class _Admission:
+    """What the primary decided for a standby that passed the handshake."""
+    history: list
+    head: int
+    resume_after: int | None       # its applied LSN when the change log still holds the rest
+    refusal: str | None            # why it is refused (its history is not the primary's)
 
-    def acked(self, lsn: int) -> None:
-        released = []
-        with self._lock:
-            self._acked = max(self._acked, lsn)
-            while self._held and self._held[0][0] <= self._acked:
-                released.append(self._held.popleft())
-        for _, _, batch, results in released:
-            for pending, result in zip(batch, results, strict=True):
-                pending.resolve(result)
 
-    def expire(self) -> None:
-        now = time.monotonic()
-        expired = []
-        with self._lock:
-            while self._held and self._held[0][1] <= now:
-                expired.append(self._held.popleft())
-        for lsn, _, batch, _ in expired:
-            err = ReplicationTimeout(
-                f"no DR-standby confirmed commit {lsn} within {self.timeout} s; it is stored on the "
-                f"primary and reaches the standby when it reconnects (check `partq dr status`)")
-            for pending in batch:
-                pending.resolve(error=err)
+class _Link:
+    """One connected standby, as the primary tracks it."""
 
-    def release_all(self) -> None:
-        self.acked(1 << 62)
+    def __init__(self, standby_id: str, address: str, generation: int) -> None:
+        self.standby_id = standby_id
+        self.address = address
+        self.generation = generation
+        self.acked = -1                # -1 while bootstrapping (nothing confirmed yet)
+        self.seen = 0.0
+        self.connected = True
+        self.ended: str | None = None  # set to end the link from outside (slot removed)
 
 
 class ReplicationServer:
     """Runs in the primary: accepts standbys and ships them the change log."""
 
-    def __init__(self, store, listen: str, mode: str, sync_timeout: float) -> None:
+    def __init__(self, store, listen: str, mode: str, sync_timeout: float,
+                 options: ReplicationOptions = ReplicationOptions()) -> None:
         if mode not in ("async", "sync"):
-            raise PartqError(f"replication_mode must be 'async' or 'sync', not {mode!r}")
+            raise InvalidConfig(f"replication_mode must be 'async' or 'sync', not {mode!r}")
+        timeout = check_sync_timeout(sync_timeout)
         self.store = store
         self.mode = mode
+        self.options = options
+        self.max_slot_keep = options.slot_keep(store.max_map_size)
         self._stop = threading.Event()
         self._new_commit = threading.Condition()
-        self._links: dict[str, dict] = {}   # standby id -> acked, connected, generation
+        self._links: dict[str, _Link] = {}
         self._links_lock = threading.Lock()
         self._generation = 0
-        self.gate = SyncGate(sync_timeout) if mode == "sync" else None
-        with store.read() as r:
-            has_timeline = r.meta(b"timeline") is not None
-        if not has_timeline:
-            store.write(lambda w: w.put_local_meta(b"timeline", uuid.uuid4().hex.encode()))
+        self._persisted: dict[str, int] = {}       # acked LSNs last stored, and when
+        self._persisted_at = 0.0
+        self._head_time = (0, 0)           # (LSN, its commit time): read once per new head
+        self._wake = threading.Event()     # a commit happened: check the change log's bound
+        self.gate = SyncGate(timeout) if mode == "sync" else None
+        remove_leftovers(store.path)
+        self.timeline = store.write(self._begin_incarnation)
+        self._snapshots = SnapshotSender(store, self._stop)
         store.on_commit(self._on_commit)
         if self.gate is not None:
             store.set_sync_gate(self.gate)
-        host, port = parse_address(listen)
-        self._sock = socket.create_server((host, port), reuse_port=False)
-        self.address = f"{host}:{self._sock.getsockname()[1]}"
-        self._sock.settimeout(0.2)
-        self._threads = [threading.Thread(target=self._accept_loop, name="partq-repl-accept", daemon=True)]
-        if self.gate is not None:
-            self._threads.append(threading.Thread(target=self._expire_loop, name="partq-repl-expire",
-                                                  daemon=True))
-        for t in self._threads:
-            t.start()
+        try:
+            self.listener = Listener(listen, ROLE, self._serve, token=options.token,
+                                     ssl_context=options.ssl_context, limits=options.limits)
+        except BaseException:
+            self._unhook()
+            raise
+        self.address = self.listener.address
+        self._maintainer = threading.Thread(target=self._maintain_loop, name="partq-repl-maintain",
+                                            daemon=True)
+        self._maintainer.start()
+        log.info("serving DR-standbys on %s (%s mode, %s, %s, timeline %s)", self.address, mode,
+                 "token" if options.token else "no token: protected mode",
+                 "TLS" if options.ssl_context else "no TLS", self.timeline)
+
+    def _begin_incarnation(self, w) -> str:
+        tid = timeline.begin_timeline(w, u64(w.meta(b"lsn")))
+        if self.gate is not None:      # commits need LSNs for the gate to hold them
+            slots.log_every_commit(w)
+        return tid
 
     def _on_commit(self, appended: int) -> None:
         with self._new_commit:
             self._new_commit.notify_all()
+        self._wake.set()
 
-    def _expire_loop(self) -> None:
-        gate = self.gate
-        while gate is not None and not self._stop.wait(0.05):
-            gate.expire()
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="partq-repl-link", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        standby_id, gen = "?", None
+    # ------------------------------------------------------------------ one standby
+    def _serve(self, sock: socket.socket, hello: dict, where: str) -> None:
+        """The listener's handler: runs after the handshake, in the connection's thread."""
+        link = None
         try:
-            conn.settimeout(30)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = recv_frame(conn)
-            if not isinstance(hello, dict) or hello.get("type") != "hello":
-                raise FrameError("expected hello")
-            standby_id = str(hello["standby_id"])
-            applied = hello.get("applied_lsn")
-            if hello.get("timeline") != self._timeline():
-                applied = None        # another history (e.g. a promoted standby): start over
-            gen = self._register(standby_id, applied)
-            sent = self._start_point(conn, applied)
-            self._stream(conn, standby_id, gen, sent)
-        except (FrameError, OSError, PartqError) as exc:
+            sock.settimeout(LINK_TIMEOUT)
+            try:
+                info = standby_hello(hello)
+            except FrameError as exc:
+                raise ReplicationRefused(f"malformed standby hello: {exc}") from None
+            admitted = self.store.write(lambda w: self._admit(w, info, where))
+            if admitted.refusal is not None:
+                raise ReplicationRefused(admitted.refusal)
+            link = self._attach(info.standby_id, where)
+            send_frame(sock, {"type": "start", "head": admitted.head,
+                              "timelines": [list(t) for t in admitted.history]})
+            if admitted.resume_after is not None:
+                sent = admitted.resume_after
+            else:
+                sent = self._snapshots.send(sock)
+            self._stream(sock, link, sent)
+        except ReplicationRefused as exc:
+            log.warning("refused standby %s from %s: %s", hello.get("standby_id"), where, exc)
+            try:
+                send_frame(sock, {"type": "refused", "reason": str(exc)})
+            except OSError:
+                pass
+        except (FrameError, OSError, ssl.SSLError, PartqError) as exc:
             if not self._stop.is_set():
-                log.warning("replication link to standby %s ended: %s", standby_id, exc)
-        except Exception:  # a bug must end this link only, visibly, not the primary
-            log.exception("replication link to standby %s failed", standby_id)
+                log.warning("replication link to standby %s ended: %s",
+                            hello.get("standby_id"), exc or type(exc).__name__)
         finally:
-            with self._links_lock:
-                link = self._links.get(standby_id)
-                if link is not None and link["gen"] == gen:   # not a newer connection's link
-                    link["connected"] = False
-            conn.close()
+            if link is not None:
+                with self._links_lock:
+                    if self._links.get(link.standby_id) is link:   # not a newer connection's
+                        link.connected = False
 
-    def _timeline(self) -> str | None:
-        with self.store.read() as r:
-            raw = r.meta(b"timeline")
-        return None if raw is None else raw.decode()
+    def _admit(self, w, info, where: str) -> _Admission:
+        """In one write transaction: check the standby's history, choose resume or snapshot,
+        and register its slot (so no trim can remove what it resumes from)."""
+        history, head = timeline.read_history(w), u64(w.meta(b"lsn"))
+        applied = info.applied_lsn
+        reason = timeline.divergence(history, head, info.timeline, applied or 0)
+        if reason is None and applied and info.applied_crc is not None:
+            entry = w.change(applied)
+            if entry is not None and crc32c.crc32c(entry) != info.applied_crc:
+                reason = (f"the standby's commit at LSN {applied} is not this primary's (the "
+                          f"primary was restored from an older copy and wrote other commits)")
+        if reason is not None:
+            return _Admission(history, head, None, (
+                f"{reason}; re-snapshot the standby: stop it, move its directory aside (it holds "
+                f"the commits in question) and start it on a new one"))
+        first = w.first_change_lsn()
+        first = head + 1 if first is None else first
+        resume = applied is not None and first - 1 <= applied <= head
+        slots.register(w, info.standby_id, applied if resume else head, where,
+                       self.options.max_slots)
+        return _Admission(history, head, applied if resume else None, None)
 
-    def _register(self, standby_id: str, applied: int | None) -> int:
-        def op(w):
-            slots = read_slots(w)
-            slots.setdefault(standby_id, applied or 0)
-            w.put_local_meta(b"slots", msgpack.packb(slots))
-        self.store.write(op)
+    def _attach(self, standby_id: str, address: str) -> _Link:
         with self._links_lock:
             self._generation += 1
-            self._links[standby_id] = {"acked": -1, "connected": True, "gen": self._generation}
-            return self._generation
+            link = self._links[standby_id] = _Link(standby_id, address, self._generation)
+            return link
 
-    def _start_point(self, conn: socket.socket, applied: int | None) -> int:
-        """Send a snapshot unless the change log still holds everything after ``applied``.
-        Returns the last LSN the standby has."""
-        with self.store.read() as r:
-            head = u64(r.meta(b"lsn"))
-            first = r.first_change_lsn()
-        if first is None:
-            first = head + 1
-        if applied is not None and first - 1 <= applied <= head:
-            return applied
-        return self._send_snapshot(conn)
-
-    def _send_snapshot(self, conn: socket.socket) -> int:
-        tmp = tempfile.mkdtemp(prefix="partq-snapshot-")
-        try:
-            snap_lsn = self.store.snapshot(tmp)
-            path = os.path.join(tmp, "data.mdb")
-            size = os.path.getsize(path)
-            send_frame(conn, {"type": "snapshot", "size": size, "lsn": snap_lsn})
-            crc = 0
-            with open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    crc = crc32c.crc32c(chunk, crc)
-                    send_frame(conn, {"type": "chunk", "data": chunk})
-            send_frame(conn, {"type": "snapshot_end", "crc": crc})
-            log.info("sent a %d-byte snapshot at LSN %d", size, snap_lsn)
-            return snap_lsn
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def _stream(self, conn: socket.socket, standby_id: str, gen: int, sent: int) -> None:
-        last_trim = time.monotonic()
+    def _stream(self, sock: socket.socket, link: _Link, sent: int) -> None:
         while not self._stop.is_set():
-            entries, head, head_info = self._read_after(sent)
-            frame = {"type": "changes" if entries else "heartbeat", "entries": entries,
-                     "head": head, "head_time_ns": head_info[0], "head_msgs": head_info[1]}
-            send_frame(conn, frame)
-            ack = recv_frame(conn)
-            if not isinstance(ack, dict) or ack.get("type") != "ack":
-                raise FrameError("expected ack")
-            acked = int(ack["lsn"])
-            sent = max(sent, acked)
+            if link.ended is not None:
+                raise FrameError(link.ended)
+            entries, head = self._read_after(sent)
+            if entries and len(entries[0]) > PART_BYTES:
+                sent = self._send_parts(sock, entries[0], head)
+                entries = entries[:1]
+            else:
+                entries = batches(entries)
+                send_frame(sock, {"type": "changes" if entries else "heartbeat",
+                                  "entries": entries, **head})
+                if entries:
+                    sent = entry_header(entries[-1])[0]
+            acked = lsn_field(expect(recv_frame(sock, ACK_FRAME), "ack"), "lsn") or 0
+            if acked > sent or acked < link.acked:
+                raise FrameError(f"the standby acked LSN {acked}, but was sent up to {sent} and "
+                                 f"had acked {link.acked}: not a partq standby")
             with self._links_lock:
-                link = self._links[standby_id]
-                if link["gen"] != gen:
+                if self._links.get(link.standby_id) is not link:
                     raise FrameError("superseded by a newer connection of the same standby")
-                link["acked"] = acked
+                link.acked, link.seen = acked, time.time()
             if self.gate is not None:
-                self.gate.acked(self._min_acked())
-            if time.monotonic() - last_trim > TRIM_EVERY:
-                self._trim()
-                last_trim = time.monotonic()
+                self.gate.acked(acked)
             if not entries:
                 with self._new_commit:
-                    if self.store.last_lsn <= sent:
+                    if self.store.last_lsn <= sent and not self._stop.is_set():
                         self._new_commit.wait(HEARTBEAT)
 
-    def _read_after(self, lsn: int) -> tuple[list[bytes], int, tuple[int, int]]:
+    def _read_after(self, lsn: int) -> tuple[list[bytes], dict]:
         with self.store.read() as r:
             head = u64(r.meta(b"lsn"))
             msgs = u64(r.meta(b"msgs_total"))
-            entries = r.changes_after(lsn, MAX_ENTRIES_PER_FRAME, MAX_FRAME // 4)
-            head_time = 0
-            raw = r.change(head) if head else None
-            if raw is not None:
-                head_time = decode_change(raw)[1]
-        return entries, head, (head_time, msgs)
+            entries: list[bytes] = []
+            if head > lsn:
+                first = r.first_change_lsn()
+                if first is None or first > lsn + 1:
+                    raise FrameError(f"the change log no longer holds LSN {lsn + 1} (the slot "
+                                     f"was invalidated or dropped): the standby starts again "
+                                     f"from a snapshot")
+                entries = r.changes_after(lsn, MAX_ENTRIES_PER_FRAME, BATCH_BYTES)
+            if self._head_time[0] != head:
+                raw = r.change(head) if head else None
+                self._head_time = (head, entry_header(raw)[1] if raw else 0)
+        return entries, {"head": head, "head_time_ns": self._head_time[1], "head_msgs": msgs}
 
-    def _min_acked(self) -> int:
-        """What every connected standby has durably (a sync-mode commit waits for it): a dead
-        standby does not hold publishers hostage, and with none connected nothing is released."""
+    def _send_parts(self, sock: socket.socket, entry: bytes, head: dict) -> int:
+        """An entry larger than a frame, in slices; the standby acks the last one."""
+        lsn = entry_header(entry)[0]
+        view = memoryview(entry)
+        for offset in range(0, len(entry), PART_BYTES):
+            send_frame(sock, {"type": "part", "lsn": lsn, "size": len(entry), "offset": offset,
+                              "data": bytes(view[offset:offset + PART_BYTES]), **head})
+        return lsn
+
+    # ------------------------------------------------------------------ upkeep
+    def _maintain_loop(self) -> None:
+        """Every GATE_POLL: expire held sync-mode callers. Soon after a commit (at most every
+        CHECK_AFTER_COMMIT), and every MAINTAIN_EVERY anyway: the slots' upkeep."""
+        last = checked = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() - checked < slots.CHECK_AFTER_COMMIT:
+                self._stop.wait(GATE_POLL)     # too soon after the last check: no spinning
+            else:
+                self._wake.wait(GATE_POLL)
+            if self.gate is not None:
+                self.gate.expire()
+            now = time.monotonic()
+            due = now - last >= slots.MAINTAIN_EVERY
+            if not due and not (self._wake.is_set() and now - checked >= slots.CHECK_AFTER_COMMIT):
+                continue
+            self._wake.clear()
+            checked = now
+            try:
+                if due:
+                    last = now
+                    self._maintain()
+                else:           # between full upkeeps: only the bound, which a burst may pass
+                    slots.check(self.store, self.max_slot_keep, self.gate is not None)
+            except PartqError as exc:       # a full disk, a closing store: try again later
+                log.warning("replication slot upkeep failed: %s", exc)
+
+    def _maintain(self) -> None:
+        """Persist the standbys' positions, trim the change log, keep ``max_slot_keep``, and
+        end the links of slots that are gone (invalidated here, or dropped by `partq dr`)."""
         with self._links_lock:
-            return min((link["acked"] for link in self._links.values() if link["connected"]),
-                       default=0)
-
-    def _trim(self) -> None:
-        """Delete change-log entries every standby has; persist the slots' positions."""
+            acks = {sid: (link.acked, link.seen) for sid, link in self._links.items()
+                    if link.acked >= 0}
+        keep_log = self.gate is not None
+        positions = {sid: acked for sid, (acked, _) in acks.items()}
+        if positions != self._persisted or time.monotonic() - self._persisted_at > SEEN_EVERY:
+            self.store.write(lambda w: slots.record_acks(w, acks, keep_log))
+            self._persisted, self._persisted_at = positions, time.monotonic()
+        slots.check(self.store, self.max_slot_keep, keep_log)
+        with self.store.read() as r:
+            registered = slots.read_slots(r)
+            unlogged = keep_log and r.meta(slots.KEY) is None
+        if unlogged and not self._stop.is_set():     # another process removed the key
+            self.store.write(slots.log_every_commit)
         with self._links_lock:
-            acked = {sid: link["acked"] for sid, link in self._links.items() if link["acked"] >= 0}
-
-        def op(w):
-            slots = read_slots(w)
-            slots.update({sid: max(slots.get(sid, 0), a) for sid, a in acked.items()})
-            w.put_local_meta(b"slots", msgpack.packb(slots))
-            w.trim_changes(min(slots.values(), default=0))
-        self.store.write(op)
+            for sid, link in self._links.items():
+                if link.connected and sid not in registered:
+                    link.ended = "its replication slot was removed (invalidated or dropped)"
 
     def status(self) -> ReplicationStatus:
         with self.store.read() as r:
             head = u64(r.meta(b"lsn"))
             msgs = u64(r.meta(b"msgs_total"))
-            links = []
             with self._links_lock:
-                items = list(self._links.items())
-            for sid, link in items:
-                acked = link["acked"]
-                if acked < 0:         # bootstrapping: it has nothing confirmed yet
+                items = list(self._links.values())
+            links = []
+            for link in items:
+                if link.acked < 0:         # bootstrapping: it has nothing confirmed yet
                     lag_msgs, lag_s = stored_messages(r), 0.0
                 else:
-                    lag_msgs, lag_s = lag(r, acked, head, msgs)
-                links.append(StandbyLink(sid, link.get("connected", False), acked, head - acked,
-                                         lag_msgs, lag_s))
-            return primary_status(r, links, self.mode)
+                    lag_msgs, lag_s = lag(r, link.acked, head, msgs)
+                links.append(StandbyLink(link.standby_id, link.connected, link.acked,
+                                         head - link.acked, lag_msgs, lag_s, link.address))
+            st = primary_status(r, links, self.mode)
+        return dataclasses.replace(st, token=self.options.token is not None,
+                                   tls=self.options.ssl_context is not None)
 
-    def close(self) -> None:
-        self._stop.set()
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+    def _unhook(self) -> None:
         self.store.remove_commit_hook(self._on_commit)
         if self.gate is not None:
             self.store.set_sync_gate(None)
-            self.gate.release_all()
+            self.gate.close()
+
+    def close(self) -> None:
+        """Stop serving: held sync-mode callers fail with ``ReplicationTimeout``, every link
+        ends, and the port is free when this returns."""
+        self._stop.set()
         with self._new_commit:
             self._new_commit.notify_all()
+        self._unhook()
+        self.listener.close()
+        if threading.current_thread() is not self._maintainer:
+            self._maintainer.join(timeout=10)
+        try:
+            self._maintain()
+            if self.gate is not None:     # nothing needs LSNs once no sync primary serves
+                slots.check(self.store, self.max_slot_keep, keep_log=False)
+        except PartqError as exc:
+            log.warning("replication slot upkeep at close failed: %s", exc)

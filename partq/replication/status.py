@@ -1,12 +1,10 @@
 """What replication reports: the link of each standby and the lag, from memory (the process
-that serves or follows) or from the store (any other process)."""
+that serves or follows) or from the store (any other process: ``slots.stored_status``)."""
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass
-
-import msgpack
 
 from partq.storage.encoding import unpack_u64
 from partq.storage.txn import decode_change
@@ -20,6 +18,7 @@ class StandbyLink:
     lag_changes: int
     lag_messages: int
     lag_seconds: float
+    address: str | None = None          # where its connection comes from
 
 
 @dataclass(frozen=True)
@@ -33,6 +32,9 @@ class ReplicationStatus:
     lag_seconds: float
     standbys: list[StandbyLink] = dataclasses.field(default_factory=list)
     primary: str | None = None
+    token: bool | None = None           # the link is authenticated by a token (None: unknown)
+    tls: bool | None = None
+    last_error: str | None = None       # standby: why its last link ended (or was refused)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -40,12 +42,6 @@ class ReplicationStatus:
 
 def u64(raw: bytes | None) -> int:
     return 0 if raw is None else unpack_u64(raw)
-
-
-def read_slots(r) -> dict[str, int]:
-    """The standbys' slots a primary keeps: standby id -> the LSN it has acked."""
-    raw = r.meta(b"slots")
-    return msgpack.unpackb(raw, raw=False) if raw else {}
 
 
 def stored_messages(r) -> int:
@@ -79,20 +75,3 @@ def primary_status(r, links: list[StandbyLink], mode: str | None) -> Replication
         head_lsn=head, applied_lsn=min((link.acked_lsn for link in links), default=head),
         lag_messages=worst.lag_messages if worst else 0,
         lag_seconds=worst.lag_seconds if worst else 0.0, standbys=links)
-
-
-def stored_slots_status(store, role: str) -> ReplicationStatus:
-    """Replication status as any process can read it from the store: the standbys' positions
-    the serving primary last stored (every 0.5 s) against the change log. Used by `partq dr
-    status` and the scaling procedure's DR wait, which run outside the primary process."""
-    with store.read() as r:
-        if role == "standby":
-            applied = u64(r.meta(b"applied_lsn"))
-            return ReplicationStatus(role=role, mode=None, connected=False, head_lsn=applied,
-                                     applied_lsn=applied, lag_messages=0, lag_seconds=0.0)
-        head, msgs = u64(r.meta(b"lsn")), u64(r.meta(b"msgs_total"))
-        links = []
-        for sid, acked in read_slots(r).items():
-            lag_msgs, lag_s = lag(r, acked, head, msgs)
-            links.append(StandbyLink(sid, False, acked, head - acked, lag_msgs, lag_s))
-        return primary_status(r, links, None)

@@ -2,11 +2,12 @@
 close, exit 0) or SIGKILL. Every ~50 ms it replaces STATUS with its ``replication_status()`` plus
 the wall time, so the test can watch applied_lsn and the lag it reports.
 
-    python proc_standby.py DIR PRIMARY STATUS [crash-after-snapshot-replace]
+    python proc_standby.py DIR PRIMARY STATUS [crash-after-snapshot-replace] [token=T] [ca=PEM]
 
 With ``crash-after-snapshot-replace`` the process dies (``os._exit``, as abrupt as SIGKILL) inside
 the snapshot install: after the snapshot was copied into the store's write transaction, before
-that transaction commits.
+that transaction commits. ``token=T`` follows with that replication token, ``ca=PEM`` over TLS
+trusting that CA.
 """
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())   # handlers only set flags
-    if sys.argv[4:] == ["crash-after-snapshot-replace"]:
+    options = dict(arg.split("=", 1) for arg in sys.argv[4:] if "=" in arg)
+    context = None
+    if "ca" in options:
+        import ssl
+        context = ssl.create_default_context(cafile=options["ca"])
+    if "crash-after-snapshot-replace" in sys.argv[4:]:
         from partq.storage.txn import Writer
         real_load = Writer.load_snapshot
 
@@ -35,7 +41,8 @@ def main() -> int:
             real_load(self, *a, **kw)
             os._exit(137)
         Writer.load_snapshot = load_then_die
-    broker = partq.Broker.open(path, standby_of=primary)
+    broker = partq.Broker.open(path, standby_of=primary, replication_token=options.get("token"),
+                               replication_ssl=context)
     errors = 0
     try:
         while not stop.is_set():

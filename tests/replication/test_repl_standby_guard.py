@@ -23,8 +23,10 @@ from helpers import wait_until
 from repl_helpers import compare_stores, key, payload, read_json
 
 import partq
+from partq.replication.protocol import MAX_FRAME
+from partq.replication.timeline import read_history
 from partq.storage.encoding import unpack_u64
-from partq.wire import MAX_FRAME, recv_frame, send_frame
+from partq.wire import client_handshake, recv_frame, send_frame, server_handshake
 
 HEADER = struct.Struct(">II")
 
@@ -65,11 +67,14 @@ def _raw(body: bytes, crc: int | None = None, length: int | None = None) -> byte
 
 
 class FakePrimary:
-    """Accepts standby connections one at a time; connection i runs ``scenarios[i](conn, hello)``.
-    At each hello (the standby finished with the previous connection) ``state()`` is recorded."""
+    """Accepts standby connections one at a time; connection i runs ``scenarios[i](conn, hello)``
+    after the real handshake (no token: the standby is on loopback) and a ``start`` frame
+    naming one timeline. At each hello (the standby finished with the previous connection)
+    ``state()`` is recorded."""
 
-    def __init__(self, scenarios, state) -> None:
+    def __init__(self, scenarios, state, head: int = 0) -> None:
         self.scenarios = list(scenarios)
+        self.head = head
         self.state = state
         self.hellos: list[dict] = []
         self.states: list = []
@@ -94,9 +99,12 @@ class FakePrimary:
                 return
             try:
                 conn.settimeout(10)
-                hello = recv_frame(conn)
+                hello = server_handshake(conn, "replication", None, 10)
+                conn.settimeout(10)
                 self.states.append(self.state() if self.hellos else None)
                 self.hellos.append(hello)
+                send_frame(conn, {"type": "start", "timelines": [["source", 0]],
+                                  "head": self.head})
                 scenario(conn, self.hellos[-1])
             except BaseException as exc:  # reported by the test
                 self.errors.append(exc)
@@ -193,7 +201,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
             heads = [r.head(1, p) for p in range(3)]
             return unpack_u64(r.meta(b"applied_lsn")), heads, r.meta(b"msgs_total")
 
-    fake = FakePrimary(bad + [resume_with_overlap], state)
+    fake = FakePrimary(bad + [resume_with_overlap], state, head=n)
     standby = opened["standby"] = partq.Broker.open(tmp_path / "standby", standby_of=fake.address)
     applied_seen: list[int] = []
     sampling = threading.Event()
@@ -343,8 +351,9 @@ class FakeStandby:
     def __init__(self, address: str, standby_id: str, timeline: str | None = None) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=10)
-        send_frame(self.sock, {"type": "hello", "standby_id": standby_id, "applied_lsn": 0,
-                               "timeline": timeline})
+        client_handshake(self.sock, "replication", None, 10, standby_id=standby_id,
+                         applied_lsn=0, timeline=timeline)
+        self.sock.settimeout(10)
         self.acked = 0
         self.closed = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -354,6 +363,8 @@ class FakeStandby:
         try:
             while not self.closed.is_set():
                 frame = recv_frame(self.sock)
+                if frame["type"] not in ("changes", "heartbeat"):
+                    continue               # the start frame
                 if frame["entries"]:
                     self.acked = msgpack.unpackb(frame["entries"][-1])[0]
                 send_frame(self.sock, {"type": "ack", "lsn": self.acked})
@@ -374,7 +385,7 @@ def test_old_connection_ending_does_not_mark_live_link_disconnected(tmp_path, ca
     try:
         primary.create_queue("q", partitions=2)
         with primary.store.read() as r:          # a standby of this primary's history
-            timeline = r.meta(b"timeline").decode()
+            timeline = read_history(r)[-1][0]
         old = FakeStandby(primary.replication_address, "standby-1", timeline)
         wait_until(lambda: primary.replication_status().connected, 10, "the first link")
         new = FakeStandby(primary.replication_address, "standby-1", timeline)   # it reconnected

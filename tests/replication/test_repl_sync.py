@@ -1,6 +1,7 @@
 """Sync mode's gate (S27): a publish returns only after the standby acked its commit; without a
-standby it fails with ReplicationTimeout after sync_timeout, the message stored on the primary
-(an unknown outcome for the caller) and shipped once the standby is back."""
+standby (even one that never connected) it fails with ReplicationTimeout after sync_timeout,
+the message stored on the primary (an unknown outcome for the caller) and shipped once the
+standby is back."""
 from __future__ import annotations
 
 import threading
@@ -20,7 +21,12 @@ def test_sync_publish_waits_for_the_standby_and_times_out_without_it(tmp_path, p
                                 replication_mode="sync", sync_timeout=0.5)
     address = primary.replication_address
     try:
-        primary.create_queue("q", partitions=2)
+        # a sync primary that never had a standby does not pretend: the commit waits, then fails
+        started = time.monotonic()
+        with pytest.raises(ReplicationTimeout, match="no DR-standby confirmed"):
+            primary.create_queue("q", partitions=2)
+        assert time.monotonic() - started >= 0.45
+        assert [q.name for q in primary.queues()] == ["q"]     # stored: an unknown outcome
         standby = procs.start("standby1", "proc_standby.py", tmp_path / "standby", address,
                               tmp_path / "s1.json")
         wait_until(lambda: primary.replication_status().connected, 30, "the standby",
@@ -63,11 +69,11 @@ def test_sync_publishes_never_stall_with_a_healthy_standby(tmp_path, procs, capl
     primary = partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0",
                                 replication_mode="sync", sync_timeout=30.0)
     try:
-        primary.create_queue("q", partitions=8)
         standby = procs.start("standby", "proc_standby.py", tmp_path / "standby",
                               primary.replication_address, tmp_path / "s.json")
         wait_until(lambda: primary.replication_status().connected, 30, "the standby",
                    procs=[standby])
+        primary.create_queue("q", partitions=8)
         primary.publish("q", b"first")
         latencies: list[float] = []
         deadline = time.monotonic() + 3.0
