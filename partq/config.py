@@ -14,7 +14,8 @@ ACCESS_TYPES = tuple(a.value for a in AccessType)
 SCALING_STATES = tuple(s.value for s in ScalingState)
 MAX_PARTITIONS = 1 << 16
 DEFAULT_CONSUMER_TIMEOUT = 10.0
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
+# ASCII only, and \Z, not $: "$" also matches before a trailing newline ("orders\n")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}\Z")
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ class QueueConfig:
     scaling_status: str = ScalingState.READY     # S18
     scaling_from: int = 0             # partition count before the scaling in progress
     scaling_to: int = 0               # partition count the scaling in progress ends at
+    scaling_online: bool = False      # the scaling in progress keeps per-key order (S37)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise InvalidConfig(f"queue name {self.name!r} must be 1-200 characters of letters, "
-                                f"digits and . _ - /, starting with a letter or digit")
+            raise InvalidConfig(f"queue name {self.name!r} must be 1 to 200 ASCII characters: "
+                                f"letters A-Z a-z, digits 0-9 and . _ - /, starting with a "
+                                f"letter or digit")
         _check_int("partitions", self.partitions, 1, MAX_PARTITIONS)
         _check_int("max_delivered_unacked_per_flow", self.max_delivered_unacked_per_flow, 1, 1 << 31)
         _check_int("sticky_batch_size", self.sticky_batch_size, 1, 1 << 31)
@@ -109,7 +112,7 @@ class QueueConfig:
 
 
 USER_SETTABLE = frozenset(f.name for f in dataclasses.fields(QueueConfig)) - {
-    "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to"}
+    "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to", "scaling_online"}
 
 
 def _check_int(field: str, value, low: int, high: int) -> None:

@@ -5,12 +5,18 @@ calls the library (``partq.browse``, ``partq.copyout``, ``partq.verify``, ``part
 Broker) and prints the result, for people or with ``--json``.
 
 * ``cli``          the root group, ``main``, error translation (one "Error: ..." line, exit 1)
-* ``common``       the store the command works on, confirmations, status helpers
+* ``common``       the store the command works on (read-only when it must be), confirmations,
+  the translation of library errors (option names for config fields)
 * ``output``       ``--json`` (one decorator), aligned tables, payload and time formatting
 * ``queue_cmds``   ``queue create|list|show|update|delete``
+* ``publish_cmds`` ``publish``: messages from arguments, stdin lines or JSON Lines
+  (``partq.message_input``)
+* ``consume_cmds`` ``consume``: receive and print as one more consumer, acking or not
 * ``store_cmds``   ``init``, ``stats`` (``partq.stats``), ``demo``
 * ``inspect_cmds`` ``inspect``: browse messages without consuming (``partq.browse``)
-* ``copy_cmds``    ``copy-out`` (the resumable copy itself is ``partq.copyout``)
-* ``scale_cmds``   ``scale`` (the seed's seven steps are ``partq.scaling``)
+* ``copy_cmds``    ``copy-out`` and ``copy-in`` (the copies themselves are ``partq.copyout`` and
+  ``partq.copyin``)
+* ``scale_cmds``   ``scale`` (the seven steps are ``partq.scaling``)
 * ``verify_cmds``  ``verify``: crc32c of every stored record (``partq.verify``)
+* ``clidoc``       docs/cli.md's command reference, generated from the commands' help
 """

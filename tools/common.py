@@ -8,14 +8,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sys
 from collections.abc import Iterator
 
 import click
 
 from partq import Broker, PartqError
-from partq.errors import describe_os_error
+from partq.errors import InvalidConfig, InvalidMessage, describe_os_error
 from partq.notation import one_line
+from partq.readonly import READ_ONLY_ENV, open_read_only, open_store_read_only, read_only_reason
 from partq.storage import Store
 
 STORE_FILE = "data.mdb"
@@ -31,11 +33,17 @@ class UserError(click.ClickException):
 
 
 def translate(exc: BaseException) -> UserError | None:
-    """The one place library and OS errors become CLI errors (None: not ours, let it through)."""
+    """The one place library and OS errors become CLI errors (None: not ours, let it through).
+    A queue setting named in an ``InvalidConfig`` or ``InvalidMessage`` is given as the option
+    that sets it (``max_delivered_unacked_per_flow`` becomes ``--max-unacked``)."""
+    if isinstance(exc, (InvalidConfig, InvalidMessage)):
+        return UserError(option_names(str(exc)))
     if isinstance(exc, PartqError):
         return UserError(str(exc))
     if isinstance(exc, OSError) and exc.errno != errno.EPIPE:
-        return UserError(describe_os_error(exc))
+        # a full disk or a refusing device (/dev/full) while printing: name the act
+        doing = "cannot write" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EIO) else None
+        return UserError(describe_os_error(exc, doing))
     try:
         import lmdb
     except ImportError:  # pragma: no cover
@@ -45,13 +53,44 @@ def translate(exc: BaseException) -> UserError | None:
     return None
 
 
+def _field_patterns() -> list[tuple[re.Pattern, str]]:
+    from partq.tools.queue_cmds import SETTINGS
+    pairs = [(field, opt.split("/")[0]) for opt, field, _, _ in SETTINGS]
+    pairs.append(("partitions", "--partitions"))
+    out = []
+    for field, opt in sorted(pairs, key=lambda p: -len(p[0])):
+        # a one-word field ("partitions") only where it starts the sentence about it
+        where = rf"(?<![\w-]){field}(?![\w-])" if "_" in field else rf"^{field}(?= must\b)"
+        out.append((re.compile(where), opt))
+    return out
+
+
+_PATTERNS: list[tuple[re.Pattern, str]] = []
+
+
+def option_names(message: str) -> str:
+    """``message`` with the queue settings it names (config field names) written as the
+    command-line options that set them."""
+    if not _PATTERNS:
+        _PATTERNS.extend(_field_patterns())
+    for pattern, opt in _PATTERNS:
+        message = pattern.sub(opt, message)
+    return message
+
+
 class App:
     """The ``--data`` directory a command works on. Commands open it only as deeply as needed:
-    ``store()`` for read-only snapshots (inspect, verify), ``broker()`` for queue operations.
-    Neither binds a flow: a CLI process never takes a queue's delivery from its owner."""
+    ``store()`` for snapshots (inspect, verify), ``reading()`` for status (queue list|show,
+    stats), ``broker()`` for queue operations. Only ``consume`` binds a flow (served by the
+    queue's delivery owner when another process runs it).
 
-    def __init__(self, data: str) -> None:
+    ``store()`` and ``reading()`` open the directory read-only (``partq.readonly``: no LMDB
+    reader lock, every read checked) when ``read_only`` is set (``--read-only``) or this user
+    may not write it."""
+
+    def __init__(self, data: str, read_only: bool = False) -> None:
         self.data = data
+        self.read_only = read_only
 
     @property
     def path(self) -> str:
@@ -67,26 +106,83 @@ class App:
 
     @contextlib.contextmanager
     def broker(self, create: bool = False) -> Iterator[Broker]:
+        """The Broker of a command that writes (or binds): refused at once, with the reason,
+        where this user may not write the directory."""
         if not create:
             self._require_store()
+        reason = read_only_reason(self.data)
+        if reason is not None:
+            fix = (f"unset {READ_ONLY_ENV} to run it" if reason.startswith("$") else
+                   f"run it as a user who may write {self.path} (queue list, queue show, stats, "
+                   f"inspect and verify only read, and work without)")
+            raise UserError(f"{reason}, and this command writes to the store; {fix}")
         broker = Broker.open(self.data, create=create)
         try:
             yield broker
         finally:
             broker.close()
 
+    def read_only_reason(self) -> str | None:
+        """Why reads must not write the directory (None: they may)."""
+        if self.read_only:
+            return "--read-only"
+        return read_only_reason(self.data)
+
     @contextlib.contextmanager
     def store(self) -> Iterator[Store]:
-        """The directory's storage only: read snapshots, no broker threads, no scaling repair."""
+        """The directory's storage only: read snapshots, no broker threads, no scaling repair
+        (read-only, without a reader lock, when ``read_only_reason`` says so)."""
         self._require_store()
-        store = Store.open(self.data, create=False)
+        reason = self.read_only_reason()
+        if reason is not None:
+            _say_read_only(self.data, reason)
+            store = open_store_read_only(self.data, reason)
+        else:
+            store = Store.open(self.data, create=False)
         try:
             yield store
         finally:
             store.close()
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Broker]:
+        """A Broker for reading configs and statuses: ``broker()``, or a read-only one when
+        ``read_only_reason`` says so."""
+        reason = self.read_only_reason()
+        if reason is None:
+            with self.broker() as broker:
+                yield broker
+            return
+        self._require_store()
+        _say_read_only(self.data, reason)
+        broker = open_read_only(self.data, reason)
+        try:
+            yield broker
+        finally:
+            broker.close()
+
 
 pass_app = click.make_pass_decorator(App)
+
+READ_ONLY_HELP = ("Read without writing to the store directory, as a user who may not write it "
+                  "does anyway (also from $" + READ_ONLY_ENV + "=1): no LMDB reader lock, so a "
+                  "writer in another process may reuse pages this reads; each read is checked "
+                  "and retried, or the command stops with an error, never showing a torn read.")
+
+
+def _say_read_only(path: str, reason: str) -> None:
+    if reason != "--read-only":
+        click.echo(f"Warning: reading {os.path.abspath(path)} read-only ({reason}): without a "
+                   f"reader lock, see --read-only in the help", err=True)
+
+
+def read_only_option(func):
+    """``--read-only`` for the commands that only read (sets ``App.read_only``)."""
+    def set_read_only(ctx: click.Context, param, value: bool) -> None:
+        if value:
+            ctx.ensure_object(App).read_only = True
+    return click.option("--read-only", is_flag=True, expose_value=False, envvar=READ_ONLY_ENV,
+                        callback=set_read_only, help=READ_ONLY_HELP)(func)
 
 def interactive() -> bool:
     """A person can answer a question: stdin is a terminal."""

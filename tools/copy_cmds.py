@@ -1,10 +1,11 @@
-"""``partq copy-out``: copy a queue's unacked messages to another queue or to a file.
+"""``partq copy-out``: copy a queue's unacked messages to another queue or to a file;
+``partq copy-in``: load such a file back into a queue.
 
-The copy itself (resumable, exactly once across re-runs) is ``partq.copyout``. With
-``--parent`` it copies the parent queue's log: the operator's way to recover the messages a
-change from exclusive to non-exclusive left there, undelivered (seed 001), typically into the
-same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``; ``--move`` also removes
-each copied batch from the parent log once its copy is durable).
+The copies themselves (resumable, exactly once across re-runs) are ``partq.copyout`` and
+``partq.copyin``. With ``--parent`` copy-out copies the parent queue's log: the operator's way to
+recover the messages a change from exclusive to non-exclusive left there, undelivered,
+typically into the same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``;
+``--move`` also removes each copied batch from the parent log once its copy is durable).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 
 import click
 
-from partq import copyout
+from partq import copyin, copyout
 from partq.notation import partition_label
 from partq.sinks import FORMATS
 from partq.tools.common import App, UserError, pass_app
@@ -78,7 +79,7 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
         broker = stack.enter_context(app.broker()) if to_queue is not None or move else None
         store = stack.enter_context(app.store())
         progress = stack.enter_context(out.progress_callback(f"copying {queue}"))
-        stop = stack.enter_context(_stop_on_signals())
+        stop = stack.enter_context(stop_on_signals())
         report = copyout.copy_out(broker, store, queue, to_queue=to_queue, to_file=to_file,
                                   fmt=fmt, overwrite=overwrite, partition=partition,
                                   parent=parent, move=move, from_seq=from_seq, to_seq=to_seq,
@@ -107,8 +108,55 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
                         f"command again to continue")
 
 
+@click.command("copy-in")
+@click.argument("queue")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(copyin.INPUT_FORMATS), default="auto",
+              show_default=True,
+              help="The export's format; auto: by the file name (.jsonl, .msgpack), else by its "
+                   "first byte.")
+@click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Messages per commit.")
+@output_options
+@pass_app
+def copy_in(app: App, queue: str, file: str, fmt: str, batch: int, out: Output) -> None:
+    """Publish the messages of FILE, an export `partq copy-out --to-file` wrote, into QUEUE.
+
+    FILE - is standard input. Key, headers and payload are as exported; the publish time is
+    now. Interrupted, or run again (on the same export, or on one a later copy-out continued),
+    it publishes nothing twice: each commit stores how far it got in QUEUE, per partition of
+    the export. An export is known by its first record, not by its file name. A torn last
+    record (a copy-out still running) is left out and reported: run again once the copy-out
+    is complete.
+    """
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(app.broker())
+        progress = stack.enter_context(out.progress_callback(f"loading {queue}"))
+        stop = stack.enter_context(stop_on_signals())
+        report = copyin.copy_in(broker, queue, file, fmt=fmt, batch=batch, progress=progress,
+                                stop=stop.is_set)
+    if report.torn_bytes:
+        out.warn(f"{file} ends in a torn record ({report.torn_bytes} bytes, left out): a "
+                 f"copy-out still writing it, or killed; run copy-in again once it is complete")
+    if out.json:
+        out.doc(report.as_dict())
+    else:
+        skipped = (f"; {report.skipped} copied in before, skipped" if report.skipped else "")
+        source = (f" (an export of queue {report.source_queue!r})"
+                  if report.source_queue is not None else "")
+        out.echo(f"published {report.published} message{'s' if report.published != 1 else ''} "
+                 f"of {file}{source} to queue {queue!r}{skipped}")
+        if report.sources:
+            out.table(["PARTITION", "FIRST SEQ", "LAST SEQ", "PUBLISHED", "SKIPPED"],
+                      [[partition_label(s.partition), s.first_seq, s.last_seq, s.published,
+                        s.skipped] for s in report.sources], indent="  ")
+    if not report.complete:
+        raise UserError(f"copy-in interrupted after {report.published} messages; run the same "
+                        f"command again to continue")
+
+
 @contextlib.contextmanager
-def _stop_on_signals():
+def stop_on_signals():
     """SIGINT/SIGTERM set a flag the copy checks between batches (handlers only set flags)."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():

@@ -16,7 +16,7 @@ import click
 from partq.browse import browse, check_browse
 from partq.notation import partition_label
 from partq.storage.encoding import PARENT
-from partq.tools.common import App, pass_app, require
+from partq.tools.common import App, pass_app, read_only_option, require
 from partq.tools.output import (
     PAYLOAD_MODES,
     Output,
@@ -48,6 +48,7 @@ HEADERS = ["PARTITION", "SEQ", "KEY", "PUBLISHED", "SIZE", "ACKED", "PAYLOAD"]
 @click.option("--width", type=int, default=None,
               help="Truncate payloads to this many characters (0: never) [default: fit the "
                    "terminal; never with --json].")
+@read_only_option
 @output_options
 @pass_app
 def inspect(app: App, queue: str, partition: int | None, parent: bool, from_seq: int,

@@ -1,8 +1,13 @@
 """Output for every command: ``--json`` (one shared decorator), aligned tables, safe payloads.
 
-Machine output is one JSON document per command, or JSON Lines (one object per line) for commands
-that stream (``inspect``, ``scale``). Human output goes to stdout as aligned columns; progress
-bars and warnings go to stderr, so stdout stays clean for pipes.
+The rule of ``--json`` (docs/cli.md says it to users): a command prints exactly one JSON object
+on stdout, or, when it streams (``inspect``, ``consume``, ``scale``, ``standby``), JSON Lines: one
+object per line per item, and nothing else. Keys are the library's names (``max_delivered_
+unacked_per_flow``, not ``--max-unacked``); ``partitions`` is always the operating partition
+count (0 for an exclusive queue), and a queue's config adds ``configured_partitions``, the count
+it has once non-exclusive. Errors stay one "Error: ..." line on stderr. Human output goes to
+stdout as aligned columns; progress bars and warnings go to stderr, so stdout stays clean for
+pipes.
 """
 from __future__ import annotations
 
@@ -24,6 +29,14 @@ PAYLOAD_MODES = ("auto", "text", "hex", "base64")
 
 def dumps(doc) -> str:
     return json.dumps(doc, default=jsonable)
+
+
+def config_doc(config) -> dict:
+    """A queue's ``QueueConfig`` as ``--json`` prints it: its fields, with ``partitions`` the
+    operating count (0 while the queue is exclusive) and ``configured_partitions`` the count it
+    keeps for when it is non-exclusive."""
+    return {**config.to_dict(), "partitions": config.operating_partitions,
+            "configured_partitions": config.partitions}
 
 
 class Output:
@@ -100,7 +113,8 @@ def _isatty(stream) -> bool:
 def output_options(func):
     """The shared output options of every command (``--json``); passes ``out: Output``."""
     @click.option("--json", "as_json", is_flag=True,
-                  help="Machine output: one JSON document (JSON Lines for streams).")
+                  help="Machine output: one JSON object; a command that streams prints one "
+                       "per line (JSON Lines).")
     @functools.wraps(func)
     def wrapper(*args, as_json: bool, **kwargs):
         return func(*args, out=Output(as_json), **kwargs)

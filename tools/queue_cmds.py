@@ -9,10 +9,11 @@ import click
 
 from partq.config import ACCESS_TYPES, PARTITIONERS, USER_SETTABLE
 from partq.copyout import Stranded, stranded_state
+from partq.errors import DeliveryLocked
 from partq.notation import partition_label
 from partq.stats import queue_rows
-from partq.tools.common import App, confirm, pass_app
-from partq.tools.output import Output, on_off, output_options
+from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
+from partq.tools.output import Output, config_doc, on_off, output_options
 
 
 class OnOff(click.ParamType):
@@ -43,33 +44,36 @@ LIST_FIELDS = ("name", "access_type", "partitions", "ingress_enabled", "egress_e
 # drift apart; tests check it covers every user-settable field.
 SETTINGS = [
     ("--rebalance-delay", "rebalance_delay", click.FLOAT,
-     "Seconds of holddown after a consumer change before partitions move (S8)."),
+     "Seconds to wait after a consumer binds or leaves before partitions move to other "
+     "consumers (a consumer back within it keeps its partitions)."),
     ("--max-handoff-time", "max_handoff_time", click.FLOAT,
-     "Seconds a handoff waits for the old consumer's acks (S12)."),
+     "Seconds a partition moving to another consumer waits for the old consumer's acks."),
     ("--max-unacked", "max_delivered_unacked_per_flow", click.INT,
-     "Messages a flow may hold delivered and unacked (S14)."),
+     "Messages a consumer may hold delivered and unacked."),
     ("--partitioner", "partitioner", click.Choice(PARTITIONERS),
-     "Partitioner of unkeyed messages (S2)."),
+     "How messages without a key pick a partition (keyed ones go by the key's hash)."),
     ("--sticky-batch-size", "sticky_batch_size", click.INT,
-     "Bytes the sticky partitioner sends to one partition before switching (S20)."),
+     "Bytes the sticky partitioner sends to one partition before switching."),
     ("--adaptive/--no-adaptive", "adaptive", None,
-     "Sticky: prefer partitions with smaller backlogs (S21)."),
+     "Sticky: prefer partitions with smaller backlogs."),
     ("--availability-timeout", "partition_availability_timeout", click.FLOAT,
-     "Sticky: skip a partition whose consumer accepted nothing for this many seconds (S22)."),
+     "Sticky: skip a partition whose consumer accepted nothing for this many seconds (0: never)."),
     ("--max-message-size", "max_message_size", click.INT, "Largest payload in bytes."),
     ("--max-key-size", "max_key_size", click.INT, "Longest key in bytes."),
-    ("--ingress", "ingress_enabled", ON_OFF, "Accept publishes (S19)."),
-    ("--egress", "egress_enabled", ON_OFF, "Deliver to consumers (S19)."),
+    ("--ingress", "ingress_enabled", ON_OFF,
+     "Accept publishes; while off, publishes are discarded (counted) or rejected, see "
+     "--reject-when-shutdown."),
+    ("--egress", "egress_enabled", ON_OFF, "Deliver to consumers; while off, messages wait."),
     ("--consumer-timeout", "consumer_timeout", click.FLOAT,
      "Seconds a consumer of another process or host may stay silent before it is unbound."),
     ("--reject-msg-to-sender", "reject_msg_to_sender", ON_OFF,
      "Reject publishes the queue refuses instead of discarding them; while ingress is off only "
-     "with --reject-when-shutdown on too (S19)."),
+     "with --reject-when-shutdown on too."),
     ("--reject-when-shutdown", "reject_msg_to_sender_when_shutdown", ON_OFF,
      "Reject (not discard) publishes while ingress is off; needs --reject-msg-to-sender on."),
     ("--access-type", "access_type", click.Choice(ACCESS_TYPES),
-     "non-exclusive: partitioned; exclusive: non-partitioned, one consumer at a time. A change "
-     "unbinds every flow (seed 001)."),
+     "non-exclusive: partitioned; exclusive: not partitioned, one consumer at a time (its "
+     "partition count is then 0). A change unbinds every consumer."),
 ]
 assert {field for _, field, _, _ in SETTINGS} == set(USER_SETTABLE), "SETTINGS out of date"
 
@@ -99,33 +103,45 @@ def queue() -> None:
 @click.option("--partitions", "-p", type=int, default=1, show_default=True,
               help="Number of partitions (1 to 65536).")
 @setting_options
+@click.option("--exist-ok", is_flag=True,
+              help="Succeed when queue NAME exists already; its settings stay as they are and "
+                   "are printed (--json: \"created\": false).")
 @output_options
 @pass_app
-def create(app: App, name: str, partitions: int, settings: dict, out: Output) -> None:
-    """Create queue NAME."""
+def create(app: App, name: str, partitions: int, settings: dict, exist_ok: bool,
+           out: Output) -> None:
+    """Create queue NAME.
+
+    NAME is 1 to 200 ASCII letters, digits and . _ - /, starting with a letter or digit.
+    """
     with app.broker() as broker:
-        config = broker.create_queue(name, partitions=partitions, **settings)
+        before = {c.qid for c in broker.queues()} if exist_ok else set()
+        config = broker.create_queue(name, partitions=partitions, exist_ok=exist_ok, **settings)
+    created = config.qid not in before
     if out.json:
-        out.doc(config.to_dict())
-    elif not config.partitioned:
-        out.echo(f"created queue {name!r}, exclusive: not partitioned, one consumer at a time")
+        out.doc({**config_doc(config), "created": created})
+        return
+    what = "created" if created else "queue exists already:"
+    if not config.partitioned:
+        out.echo(f"{what} queue {name!r}, exclusive: not partitioned, one consumer at a time")
     else:
-        out.echo(f"created queue {name!r} with {config.partitions} partition"
+        out.echo(f"{what} queue {name!r} with {config.partitions} partition"
                  f"{'s' if config.partitions != 1 else ''}")
 
 
 @queue.command("list")
+@read_only_option
 @output_options
 @pass_app
 def list_queues(app: App, out: Output) -> None:
     """List queues with their access types, partition counts, depths and statuses.
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
-    with app.broker() as broker:
+    with app.reading() as broker:
         rows = [{k: row[k] for k in LIST_FIELDS if k in row} for row in queue_rows(broker)]
         notes = [] if out.json else queue_notes(broker, rows)
     if out.json:
-        out.doc(rows)
+        out.doc({"queues": rows})
         return
     if not rows:
         out.echo("no queues; create one with `partq queue create NAME --partitions N`")
@@ -172,6 +188,7 @@ def stranded(left: Stranded) -> str:
 
 @queue.command("show")
 @click.argument("name")
+@read_only_option
 @output_options
 @pass_app
 def show(app: App, name: str, out: Output) -> None:
@@ -180,7 +197,7 @@ def show(app: App, name: str, out: Output) -> None:
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
     """
-    with app.broker() as broker:
+    with app.reading() as broker:
         config = broker.queue_config(name)
         st = broker.queue_status(name)
         left = stranded_state(broker, name, st.parent_depth)
@@ -188,10 +205,10 @@ def show(app: App, name: str, out: Output) -> None:
     for warning in st.warnings:
         out.warn(warning)
     if out.json:
-        out.doc({"config": config.to_dict(), "status": st.as_dict()})
+        out.doc({"config": config_doc(config), "status": st.as_dict()})
         return
     out.echo(f"queue {name}")
-    out.table(["SETTING", "VALUE"], [[k, _show_value(v)] for k, v in config.to_dict().items()
+    out.table(["SETTING", "VALUE"], [[k, _show_value(v)] for k, v in config_doc(config).items()
                                      if k != "name"], indent="  ")
     out.echo()
     out.echo(f"  access {st.access_type}  partitions {st.partition_count}  depth {st.depth}"
@@ -206,6 +223,14 @@ def show(app: App, name: str, out: Output) -> None:
         p = st.procedure
         out.echo(f"  scaling procedure to {p['to_partitions']} partitions running at step "
                  f"{p['step']} (pid {p['pid']} on {p['host']})")
+    if st.cutover is not None:
+        c = st.cutover
+        out.echo(f"  online scaling {c['from_partitions']} -> {c['to_partitions']} draining: a "
+                 f"moved key's new messages wait until its old partition is acked to the cut-over")
+        out.table(["OLD PARTITION", "CUT-OVER SEQ", "TO ACK", "HELD" if c["held_exact"]
+                   else "HELD (at least)"],
+                  [[o["partition"], o["cut_seq"], o["remaining"], o["held"]]
+                   for o in c["old_partitions"]], indent="    ")
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
     out.echo()
     errors = any(p.error for p in st.partitions)
@@ -254,7 +279,8 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
     """
     if partitions is not None:
         raise click.UsageError(f"the partition count changes with `partq scale {name} "
-                               f"--partitions {partitions}` (the seed's procedure), not with update")
+                               f"--partitions {partitions}` (the seven-step scaling procedure), "
+                               f"not with update")
     if not settings:
         raise click.UsageError("nothing to update; pass at least one setting, e.g. --ingress off")
     with app.broker() as broker:
@@ -273,7 +299,7 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
             note = None if left is None else stranded(left)
     changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
     if out.json:
-        out.doc({"queue": name, "changed": changed, "config": after})
+        out.doc({"queue": name, "changed": changed, "config": config_doc(updated)})
         return
     if not changed:
         out.echo(f"queue {name!r}: nothing changed")
@@ -307,7 +333,11 @@ def _access_question(name: str, access: str, st) -> str:
 @output_options
 @pass_app
 def delete(app: App, name: str, yes: bool, out: Output) -> None:
-    """Delete queue NAME and every message in it."""
+    """Delete queue NAME and every message in it.
+
+    Refused while another process runs the queue's delivery (a service that bound a consumer
+    to it, or `partq serve`): the error names that process; stop it first.
+    """
     with app.broker() as broker:
         config = broker.queue_config(name)
         if not yes:
@@ -316,7 +346,14 @@ def delete(app: App, name: str, yes: bool, out: Output) -> None:
             depth = st.depth + (st.parent_depth if st.access_type == "non-exclusive" else 0)
             confirm(yes, f"Delete queue {name!r} and its {depth} unacked messages?",
                     f"pass --yes to delete queue {name!r}")
-        broker.delete_queue(name)
+        try:
+            broker.delete_queue(name)
+        except DeliveryLocked:
+            owner = broker.queue_status(name).delivery_owner or "another process"
+            raise UserError(
+                f"queue {name!r} cannot be deleted while {owner} runs its delivery (a process "
+                f"that bound a consumer to it, or `partq serve`); stop that process, or close "
+                f"its Broker, then run `partq queue delete {name}` again") from None
     if out.json:
         out.doc({"queue": name, "deleted": True, "partitions": config.operating_partitions})
     else:

@@ -6,7 +6,7 @@ import os
 import click
 
 from partq.stats import stats as store_stats
-from partq.tools.common import App, UserError, pass_app
+from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, human_size, on_off, output_options
 from partq.tools.queue_cmds import queue_notes
 
@@ -35,13 +35,18 @@ def init(app: App, out: Output) -> None:
 
 @click.command()
 @click.argument("queue", required=False)
+@read_only_option
 @output_options
 @pass_app
 def stats(app: App, queue: str | None, out: Output) -> None:
-    """Per-queue depth, discards, statuses and flows, and the store's file and map size.
+    """Per-queue depth, discards, statuses and flows, and the store's sizes.
 
-    PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
-    with app.broker() as broker:
+    PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue. Sizes: the
+    file on disk; its high-water mark (used_bytes: the most of it ever in use; the file never
+    shrinks, freed pages are reused); the live data the store needs now (live_bytes); the map
+    (address space, not disk).
+    """
+    with app.reading() as broker:
         doc = store_stats(broker, queue)
         notes = [] if out.json else queue_notes(broker, doc["queues"])
     queues = doc["queues"]
@@ -49,10 +54,11 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     if out.json:
         out.doc({"store": usage, "queues": queues})
         return
-    out.echo(f"store {app.path}: file {human_size(usage['file_size'])}, used "
-             f"{human_size(usage['used_bytes'])} (live {human_size(usage['live_bytes'])}), map "
-             f"{human_size(usage['map_size'])}, readers {usage['readers']}/"
-             f"{usage['max_readers']}")
+    out.echo(f"store {app.path}: file {human_size(usage['file_size'])} (high-water mark "
+             f"{human_size(usage['used_bytes'])}, live data {human_size(usage['live_bytes'])}), "
+             f"map {human_size(usage['map_size'])}, readers "
+             + (f"{usage['readers']}/{usage['max_readers']}" if usage["readers"] is not None
+                else "unknown (read without lock.mdb)"))
     if not queues:
         out.echo("no queues")
         return
@@ -77,7 +83,7 @@ def stats(app: App, queue: str | None, out: Output) -> None:
 @output_options
 @click.pass_context
 def demo(ctx: click.Context, demo_data: str | None, force: bool, out: Output) -> None:
-    """Run the seeds' story (7 partitions, 4 consumers, a graceful handoff) in a fresh store.
+    """Run a short story (7 partitions, 4 consumers, a graceful handoff) in a fresh store.
 
     The demo deletes and recreates its directory, so it refuses a non-empty directory that an
     earlier demo did not create, unless --force is given.

@@ -1,4 +1,4 @@
-"""``partq verify``: check the crc32c (and decoding) of every stored record (S24), with
+"""``partq verify``: check the crc32c (and decoding) of every stored record, with
 ``partq.verify``; never binds, never changes anything.
 """
 from __future__ import annotations
@@ -6,13 +6,14 @@ from __future__ import annotations
 import click
 
 from partq.notation import partition_label
-from partq.tools.common import App, UserError, pass_app
+from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, output_options
 from partq.verify import verify as verify_store
 
 
 @click.command()
 @click.argument("queue", required=False)
+@read_only_option
 @output_options
 @pass_app
 def verify(app: App, queue: str | None, out: Output) -> None:

@@ -99,7 +99,7 @@ def test_exclusive_queue_shows_partition_parent(run, broker):
 
     for command in (["queue", "list"], ["stats"]):
         doc = json.loads(ok(run(*command, "--json")).stdout)
-        row = (doc if command == ["queue", "list"] else doc["queues"])[0]
+        row = doc["queues"][0]
         assert (row["access_type"], row["partitions"], row["depth"], row["parent_depth"]) == \
             ("exclusive", 0, 6, 6)
         lines = ok(run(*command)).stdout.splitlines()
@@ -119,7 +119,7 @@ def test_list_and_stats_when_a_status_cannot_be_read(run, broker):
         txn.put(partition_key(qid, PARENT), b"\xc1 not an ack state")
     with pytest.raises(partq.CorruptStore):
         broker.queue_status("excl")
-    rows = json.loads(ok(run("queue", "list", "--json")).stdout)
+    rows = json.loads(ok(run("queue", "list", "--json")).stdout)["queues"]
     stats = json.loads(ok(run("stats", "--json")).stdout)["queues"]
     for listed in (rows, stats):
         excl, plain = listed
@@ -391,7 +391,7 @@ def test_status_from_a_third_process_after_a_scale_up_the_owner_has_not_applied(
             [(0, "svc"), (1, "svc"), (2, None), (3, None)]
         text = run_script(partq_script, data, "queue", "show", "orders")
         assert text.returncode == 0 and "Unassigned" in text.stdout, text.stderr
-        rows = json.loads(ok(run("queue", "list", "--json")).stdout)
+        rows = json.loads(ok(run("queue", "list", "--json")).stdout)["queues"]
         assert rows[0]["partitions"] == 4 and rows[0]["error"] is None
     finally:
         owner.close()

@@ -28,7 +28,8 @@ LEAVES = [(path, cmd) for path, cmd in ALL if not isinstance(cmd, click.Group)]
 def test_the_command_set_is_complete():
     names = {" ".join(path) for path, _ in ALL}
     assert {"init", "queue", "queue create", "queue list", "queue show", "queue update",
-            "queue delete", "inspect", "copy-out", "scale", "verify", "stats", "demo"} <= names
+            "queue delete", "inspect", "copy-out", "scale", "verify", "stats", "demo",
+            "publish", "consume", "copy-in"} <= names
 
 
 @pytest.mark.parametrize("path,cmd", ALL, ids=[" ".join(p) for p, _ in ALL])
@@ -99,9 +100,24 @@ def test_usage_errors_exit_2(run, args):
     (["queue", "create", "q", "--partitions", "70000"], "partitions must be an integer from 1"),
     (["queue", "create", "orders"], "already exists"),
     (["queue", "create", "bad name!"], "queue name"),
-    (["queue", "create", "q", "--rebalance-delay", "-1"], "rebalance_delay"),
-    (["queue", "create", "q", "--max-unacked", "0"], "max_delivered_unacked_per_flow"),
-    (["queue", "update", "orders", "--max-handoff-time", "nan"], "max_handoff_time"),
+    (["queue", "create", "q", "--rebalance-delay", "-1"], "--rebalance-delay must be"),
+    (["queue", "create", "q", "--max-unacked", "0"], "--max-unacked must be"),
+    (["queue", "update", "orders", "--max-handoff-time", "nan"], "--max-handoff-time must be"),
+    (["queue", "create", "q", "--consumer-timeout", "0"], "--consumer-timeout must be"),
+    (["queue", "create", "q", "--max-key-size", "0"], "--max-key-size must be"),
+    (["queue", "create", "q", "--sticky-batch-size", "0"], "--sticky-batch-size must be"),
+    (["queue", "create", "q", "--availability-timeout", "-1"], "--availability-timeout must be"),
+    (["queue", "create", "q", "--max-message-size", "0"], "--max-message-size must be"),
+    (["queue", "create", "ordérs"], "ASCII"),
+    (["queue", "create", "orders\n"], "ASCII"),
+    (["publish", "orders", "x" * 2000, "--key", "k" * 2000], "--max-key-size"),
+    (["publish", "nope", "x"], "no queue named 'nope'"),
+    (["consume", "nope", "--timeout", "0"], "no queue named 'nope'"),
+    (["copy-in", "nope", "x.jsonl"], "no queue named 'nope'"),
+    (["copy-in", "orders", "missing.jsonl"], "No such file or directory"),
+    (["publish", "orders", "--header", "novalue", "x"], "NAME=VALUE"),
+    (["publish", "orders", "--format", "jsonl", "{}"], "argument 1"),
+    (["publish", "orders", "--format", "jsonl", "not json"], "argument 1: not JSON"),
     (["scale", "orders", "--partitions", "0", "--yes"], "partitions must be an integer from 1"),
     (["scale", "orders", "--partitions", "-1", "--yes"], "partitions must be an integer from 1"),
     (["scale", "orders", "--partitions", "4"], "pass --yes"),

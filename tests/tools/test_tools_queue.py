@@ -33,7 +33,7 @@ def test_queue_create_with_every_option(run, broker):
                             "--max-message-size", "1000", "--max-key-size", "64",
                             "--egress", "off", "--reject-when-shutdown", "on", "--json")).stdout)
     config = broker.queue_config("orders")
-    assert doc == config.to_dict()
+    assert doc == {**config.to_dict(), "configured_partitions": 3, "created": True}
     assert (config.partitions, config.rebalance_delay, config.max_handoff_time) == (3, 1.5, 2.0)
     assert config.max_delivered_unacked_per_flow == 50 and config.partitioner == "sticky"
     assert config.sticky_batch_size == 4096 and config.adaptive is False
@@ -50,11 +50,11 @@ def test_queue_create_defaults_and_human_output(run, broker):
 
 def test_queue_list(run, broker):
     assert "no queues" in ok(run("queue", "list")).stdout
-    assert json.loads(ok(run("queue", "list", "--json")).stdout) == []
+    assert json.loads(ok(run("queue", "list", "--json")).stdout) == {"queues": []}
     ok(run("queue", "create", "b", "-p", "2"))
     ok(run("queue", "create", "a", "-p", "3"))
     broker.publish_many("a", [b"x"] * 5)
-    rows = json.loads(ok(run("queue", "list", "--json")).stdout)
+    rows = json.loads(ok(run("queue", "list", "--json")).stdout)["queues"]
     assert [r["name"] for r in rows] == ["a", "b"]
     assert rows[0]["partitions"] == 3 and rows[0]["depth"] == 5
     assert rows[0]["rebalance_status"] == "Ready" and rows[0]["delivery_owner"] is None
@@ -137,8 +137,14 @@ def test_queue_delete_asks_on_a_terminal(run, broker, monkeypatch):
 def test_queue_delete_refused_while_another_process_delivers(run, broker):
     ok(run("queue", "create", "orders"))
     flow = broker.bind("orders")  # this Broker now owns delivery; the CLI's Broker is another
-    user_error(run("queue", "delete", "orders", "--yes"), "is delivered by")
+    line = user_error(run("queue", "delete", "orders", "--yes"), "cannot be deleted while",
+                      f"pid {os.getpid()} on", "runs its delivery", "stop that process")
+    assert "bind in that process" not in line        # the advice of a bind, not of a delete
     flow.unbind()
+    # unbinding its consumers does not end the owner's delivery: still refused, still named
+    user_error(run("queue", "delete", "orders", "--yes"), f"pid {os.getpid()} on")
+    broker.close()                                    # closing the owner's Broker does
+    ok(run("queue", "delete", "orders", "--yes"))
 
 
 def test_stats(run, broker):

@@ -1,0 +1,119 @@
+"""``partq consume``: receive a queue's messages as one more consumer and print them, acking
+them or not: for debugging, and for draining a queue by hand.
+
+It binds a flow (``Broker.bind``): where another process runs the queue's delivery, that
+process serves the flow; where none does, this one runs it until it ends.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from partq.errors import PartqError
+from partq.notation import partition_label
+from partq.tools.common import App, pass_app, require
+from partq.tools.copy_cmds import stop_on_signals
+from partq.tools.output import (
+    PAYLOAD_MODES,
+    Output,
+    encode_payload,
+    iso_time,
+    output_options,
+    printable,
+    truncate,
+)
+
+POLL = 0.5          # seconds of one receive, between checks for a signal
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--name", "-n", help="The consumer's name: one that binds again under it within "
+                                   "the queue's rebalance delay gets its partitions back.")
+@click.option("--max", "max_messages", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Stop after this many messages (0: no limit).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Stop once no message came for this many seconds [default: wait until "
+                   "Ctrl-C or SIGTERM].")
+@click.option("--ack/--no-ack", default=False, show_default=True,
+              help="Acknowledge each message once it is printed (it is then gone from the "
+                   "queue); without it, messages are delivered again, marked redelivered, when "
+                   "this consumer leaves.")
+@click.option("--payload", "payload_mode", type=click.Choice(PAYLOAD_MODES), default="auto",
+              show_default=True,
+              help="auto: UTF-8 text when printable, else hex (base64 with --json).")
+@click.option("--width", type=int, default=0, show_default=True,
+              help="Truncate payloads to this many characters (0: never).")
+@output_options
+@pass_app
+def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: float | None,
+            ack: bool, payload_mode: str, width: int, out: Output) -> None:
+    """Receive messages of QUEUE as one more consumer and print them, one per line.
+
+    The consumer joins the queue's others: it gets partitions as any consumer does, moved
+    from the others after the queue's rebalance delay (an exclusive queue delivers to one
+    consumer at a time, so it may wait as a standby). Where another process runs the queue's
+    delivery (a service, `partq serve`), that process serves it. Ctrl-C or SIGTERM ends it
+    cleanly; a summary goes to stderr. To look without consuming, use `partq inspect`.
+    """
+    require(width >= 0, "--width must be 0 (no truncation) or more")
+    received = 0
+    with app.broker() as broker, stop_on_signals() as stop:
+        flow = broker.bind(queue, name=name)
+        try:
+            idle_since = time.monotonic()
+            told_standby = False
+            while not stop.is_set() and (not max_messages or received < max_messages):
+                left = max_messages - received if max_messages else 100
+                wait = POLL if timeout is None else min(POLL, max(timeout - (
+                    time.monotonic() - idle_since), 0))
+                msgs = flow.receive(max_messages=min(left, 100), timeout=wait)
+                if not msgs:
+                    if not flow.active and not told_standby and not out.json:
+                        out.warn(f"no partitions of queue {queue!r} assigned to this consumer "
+                                 f"yet (other consumers hold them until the rebalance delay "
+                                 f"ends, or the queue is exclusive and another consumer is "
+                                 f"active); waiting")
+                        told_standby = True
+                    if timeout is not None and time.monotonic() - idle_since >= timeout:
+                        break
+                    continue
+                for msg in msgs:
+                    _print(out, msg, payload_mode, width, ack)
+                sys.stdout.flush()
+                if ack:
+                    flow.ack_many(msgs)
+                received += len(msgs)
+                idle_since = time.monotonic()
+        finally:
+            try:
+                flow.unbind()
+            except PartqError:
+                pass      # already unbound (the queue was deleted or changed): it said why
+    if not out.json:
+        what = ("acked" if ack else "not acked: they are delivered again, marked redelivered")
+        click.echo(f"received {received} message{'s' if received != 1 else ''} from queue "
+                   f"{queue!r} ({what})", err=True)
+
+
+def _print(out: Output, msg, payload_mode: str, width: int, ack: bool) -> None:
+    encoding, text = encode_payload(msg.payload, payload_mode, out.json)
+    if out.json:
+        out.line({"queue": msg.queue, "partition": msg.partition, "seq": msg.seq, "key": msg.key,
+                  "publish_time_ns": msg.publish_time_ns,
+                  "publish_time": iso_time(msg.publish_time_ns), "size": len(msg.payload),
+                  "headers": msg.headers, "redelivered": msg.redelivered, "acked": ack,
+                  "payload_encoding": encoding, "payload": text})
+        return
+    shown = printable(text) if encoding == "text" else f"{encoding}:{text}"
+    parts = [f"{partition_label(msg.partition)}:{msg.seq}"]
+    if msg.key is not None:
+        parts.append(f"key={truncate(printable(msg.key), 32)}")
+    if msg.redelivered:
+        parts.append("redelivered")
+    if msg.headers:
+        parts.append(f"headers={printable(repr(msg.headers))}")
+    parts.append(truncate(shown, width))
+    out.echo("  ".join(parts))
