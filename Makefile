@@ -31,6 +31,7 @@ bench: $(FULL)
 	$(BIN)/python bench/publish.py
 	$(BIN)/python bench/encode_cost.py
 	$(BIN)/python bench/rebalance.py
+	$(BIN)/python bench/online_scaling.py
 	$(BIN)/python bench/idle.py
 	$(BIN)/python bench/partitioner.py
 	$(BIN)/python bench/replication.py

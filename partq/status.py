@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from partq.config import QueueConfig
+from partq.delivery.holds import hold_report, read_cutover
 from partq.delivery.runtime import delivery_layout
 from partq.delivery.state import DeliveryView, SlotView, decode_state, stored_view
 from partq.publishing import discarded_count
@@ -59,6 +60,9 @@ class QueueStatus:
     procedure: dict | None = None   # a scaling procedure in progress or interrupted
                                     # (``partq.scaling.Procedure.as_dict``)
     warnings: list[str] = field(default_factory=list)   # what an operator must know now
+    cutover: dict | None = None     # an online scaling still draining (S37): per old partition
+                                    # its cut-over seq, messages to ack, messages held
+                                    # (``partq.delivery.holds.hold_report``)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -88,6 +92,7 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
     parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                     if r.has_partition(config.qid, PARENT) else 0)
     procedure = read_procedure(r, config.name, config.qid)
+    cutover = read_cutover(r, config.qid)
     return QueueStatus(
         name=config.name, partition_count=config.operating_partitions,
         rebalance_status=view.rebalance_status, scaling_status=config.scaling_status,
@@ -98,4 +103,5 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
         delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
         discarded=discarded_count(r, config.qid),
         procedure=procedure.as_dict() if procedure else None,
-        warnings=[procedure.describe()] if procedure and procedure.state != "running" else [])
+        warnings=[procedure.describe()] if procedure and procedure.state != "running" else [],
+        cutover=hold_report(r, config.qid, cutover, index) if cutover is not None else None)

@@ -5,7 +5,7 @@ N-th time it passes the named point. Unset (always, outside tests), ``hit`` is n
 callers test the module-level ``ENABLED`` flag first, so the cost is one attribute read.
 
 Points: before_commit, after_commit_before_return, mid_batch, at_ack, during_truncation,
-during_scaling, during_handoff.
+during_scaling, during_handoff, after_cutover.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import signal
 import threading
 
 POINTS = ("before_commit", "after_commit_before_return", "mid_batch", "at_ack",
-          "during_truncation", "during_scaling", "during_handoff")
+          "during_truncation", "during_scaling", "during_handoff", "after_cutover")
 
 
 def _parse(spec: str) -> dict[str, int]:

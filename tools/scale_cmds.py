@@ -1,4 +1,4 @@
-"""``partq scale``: the seed's seven-step partition-scaling procedure, printed step by step.
+"""``partq scale``: the seven-step partition-scaling procedure, printed step by step.
 
 The procedure itself is ``partq.scaling``; this module prints it (lines, or one JSON object per
 step with --json). SIGINT, SIGTERM and SIGHUP stop it between steps or while a step waits, with
@@ -66,7 +66,10 @@ class HumanReporter(scaling.Reporter):
 
 
 class JsonReporter(scaling.Reporter):
-    """One JSON object per step, written when the step ends (done, skipped, timeout, failed)."""
+    """One JSON object per step, written when the step ends (done, skipped, timeout, failed):
+    ``step``, ``name``, ``title``, ``status``, ``seconds``, ``notes`` (every note of the step,
+    a list) and the step's details. A detail named ``note`` joins ``notes``: one key, one
+    meaning."""
 
     def __init__(self, out: Output) -> None:
         self.out = out
@@ -77,8 +80,12 @@ class JsonReporter(scaling.Reporter):
 
     def done(self, step: int, status: str, seconds: float, detail: dict) -> None:
         name, title = scaling.STEPS[step]
+        detail = dict(detail)
+        note = detail.pop("note", None)
+        if note and note not in self.notes:
+            self.notes.append(note)
         self.out.line({"step": step, "name": name, "title": title, "status": status,
-                       "seconds": round(seconds, 6), "notes": self.notes, **detail})
+                       "seconds": round(seconds, 6), **detail, "notes": self.notes})
         self.notes = []
 
 
@@ -110,12 +117,14 @@ def stop_on_signals():
               help="Seconds steps 3 and 6 wait for a DR-standby.")
 @click.option("--no-drain", is_flag=True,
               help="Skip step 2: messages left in removed partitions are deleted.")
+@click.option("--online", is_flag=True,
+              help="Keep ingress on and per-key order: skip steps 1-3 and 7.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_options
 @pass_app
 def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeout: float,
-          rebalance_timeout: float, standby_timeout: float, no_drain: bool, yes: bool,
-          out: Output) -> None:
+          rebalance_timeout: float, standby_timeout: float, no_drain: bool, online: bool,
+          yes: bool, out: Output) -> None:
     """Change the partition count of QUEUE by the seven-step procedure.
 
     1 disable ingress, 2 wait until every partition is drained, 3 wait for the DR-standby,
@@ -126,6 +135,11 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
     1. A procedure killed outright (SIGKILL, a crash) is recorded in the store: `partq queue
     show` warns about it, the same command run again resumes it, and --abort undoes it. An
     exclusive (non-partitioned) queue is refused: make it non-exclusive first.
+
+    --online keeps ingress on: a message published after the change whose key moved to another
+    partition is delivered only once its old partition has been acked up to the change, so
+    per-key order holds (`partq queue show` lists what waits). Scaling down online still
+    deletes the removed partitions with what they hold when the count changes.
     """
     if abort:
         if partitions is not None:
@@ -159,6 +173,13 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
                 f"deleted" if partitions < config.partitions and no_drain else "")
         if earlier is not None and earlier.to_partitions == partitions:
             question = f"Resume the interrupted scaling of queue {queue!r} to {partitions} partitions?"
+        elif online:
+            doomed = (sum(p.depth for p in broker.queue_status(queue).partitions
+                          if p.partition >= partitions) if partitions < config.partitions else 0)
+            question = (f"Scale queue {queue!r} online from {config.partitions} to {partitions} "
+                        f"partitions? Ingress stays on"
+                        + (f"; the {doomed} messages now in partitions {partitions} to "
+                           f"{config.partitions - 1} are deleted" if doomed else "") + ".")
         else:
             question = (f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
                         f"Its ingress is disabled until the procedure ends"
@@ -169,6 +190,6 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
             summary = scaling.run(broker, queue, partitions, drain=not no_drain,
                                   drain_timeout=drain_timeout, rebalance_timeout=rebalance_timeout,
                                   standby_timeout=standby_timeout, reporter=reporter,
-                                  stop=stop.is_set)
+                                  stop=stop.is_set, online=online)
     out.echo(f"queue {queue!r} scaled from {summary['from']} to {summary['to']} partitions in "
              f"{summary['seconds']:.3f} s")

@@ -29,7 +29,7 @@ MARK_LEASE = 1024
 
 class Cursor:
     __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk",
-                 "epoch", "stale", "remote_held")
+                 "epoch", "stale", "remote_held", "held_by")
 
     def __init__(self, sp: int, ack, epoch: int = 0) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
@@ -43,6 +43,7 @@ class Cursor:
         self.epoch = epoch        # the assignment epoch it delivers under (a follower's cursor)
         self.stale = False        # its ack mirror may lag: another process delivered it since
         self.remote_held = False  # a flow of another process holds it (the owner's cursor)
+        self.held_by: int | None = None   # the old partition its next message waits for
 
     def refresh(self, ack) -> None:
         """Take the durable ack state again (the partition was delivered by another process,
@@ -54,11 +55,14 @@ class Cursor:
         self.stale = False
 
     def take(self, reader, qid: int, queue: str, flow, want: int, out: list[Message],
-             skipped: dict[int, list[int]]) -> None:
+             skipped: dict[int, list[int]], hold=None) -> None:
         """Append to ``out`` deliverable messages of this partition for ``flow`` (a
         ``FlowState``) until ``out`` holds ``want``. A corrupt record stops delivery of the
         partition (``flow.pending_error``), unless the flow skips corrupt records: those are
-        acked in memory and listed in ``skipped`` for the caller to ack durably."""
+        acked in memory and listed in ``skipped`` for the caller to ack durably. ``hold(seq,
+        key)`` (online scaling, ``holds``) stops the partition at a message whose key's old
+        partition has not drained yet."""
+        self.held_by = None
         p, fid = self.sp, flow.flow_id
         if self.error is not None:
             if not flow.skip_corrupt:
@@ -91,11 +95,16 @@ class Cursor:
                     flow.pending_error = exc
                     break
                 ts, key, headers, payload = fields
+                if hold is not None:
+                    self.held_by = hold(seq, key)
+                    if self.held_by is not None:
+                        self.next = seq           # delivered once the old partition drained
+                        break
                 append(new(Message, (queue, p, seq, key, payload, headers, ts, seq <= upto)))
                 inflight[seq] = fid
             if out and out[-1].partition == p and out[-1].seq > self.high:
                 self.high = out[-1].seq
-            if self.error is not None:
+            if self.error is not None or self.held_by is not None:
                 break
 
     def mark(self, reader, qid: int) -> tuple[int, int] | None:

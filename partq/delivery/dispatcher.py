@@ -31,10 +31,12 @@ from collections.abc import Iterable
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
 from partq.delivery.control import ControlServer, query_view
 from partq.delivery.endpoint import LocalEndpoint
-from partq.delivery.follower import FollowerQueue
+from partq.delivery.follower import FAILOVER_BACKOFF, FollowerQueue
+from partq.delivery.link import REQUEST_TIMEOUT, OwnerLost
 from partq.delivery.lock import DeliveryLock
 from partq.delivery.runtime import FlowState, QueueDelivery
 from partq.delivery.state import DeliveryView, doc_to_view, view_to_doc
+from partq.delivery.tally import Tally
 from partq.errors import DeliveryLocked, InvalidConfig, PartqError, QueueNotFound
 from partq.message import FlowChangeUpdate, Message
 from partq.storage import crashpoints
@@ -59,6 +61,7 @@ class Dispatcher:
         self._generation = 0
         self._config_version = -1          # store version when configs were last compared
         self.polls = 0                     # receive wake-ups that read the logs (diagnostics)
+        self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False
         store.on_commit(self._on_commit)
         self._ticker: threading.Thread | None = None
@@ -80,20 +83,33 @@ class Dispatcher:
              skip_corrupt: bool):
         """Bind a flow: in this process when it owns (or can take) the queue's delivery, else
         through the owner's control channel (``follower``). Returns the flow's endpoint."""
-        with self._lock:
-            follower = self._followers.get(queue)
-        if follower is None:
+        deadline = time.monotonic() + REQUEST_TIMEOUT
+        delay = FAILOVER_BACKOFF[0]
+        while True:
+            with self._lock:
+                follower = self._followers.get(queue)
+            if follower is None:
+                try:
+                    return self.bind_local(queue, name, hint, skip_corrupt)
+                except DeliveryLocked:
+                    follower = self._follower(queue)
             try:
-                return self.bind_local(queue, name, hint, skip_corrupt)
-            except DeliveryLocked:
-                follower = self._follower(queue)
-        return follower.bind(name, hint, skip_corrupt)
+                return follower.bind(name, hint, skip_corrupt)
+            except OwnerLost:
+                # the owner died under the bind: this process's failover takes delivery over
+                # or follows the new owner; bind again once it has
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, FAILOVER_BACKOFF[1])
 
     def bind_local(self, queue: str, name: str | None, hint: list[int] | None,
                    skip_corrupt: bool) -> LocalEndpoint:
         """Bind a flow delivered by this process (``DeliveryLocked`` if another owns it)."""
         state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
         qd = self._add_flow(queue, state, hint)
+        log.info("flow %s bound to queue %r: partitions %s", name or state.flow_id, queue,
+                 sorted(self.partitions(qd, state)))
         return LocalEndpoint(self, qd, state)
 
     def _add_flow(self, queue: str, state: FlowState, hint: list[int] | None) -> QueueDelivery:
@@ -158,7 +174,7 @@ class Dispatcher:
         lock = DeliveryLock(self.store.path, config.qid, queue)
         try:
             with self.store.read() as r:
-                qd = QueueDelivery(config, r, self.clock.now())
+                qd = QueueDelivery(config, r, self.clock.now(), self.tally)
             server = ControlServer(self, self.store.path, queue, config.qid)
         except BaseException:
             lock.release()
@@ -259,6 +275,8 @@ class Dispatcher:
                 timeout: float) -> list[Message]:
         msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
                                       timeout)
+        if msgs:
+            self.tally.delivered(qd.name, msgs)
         return msgs if msgs is not None else []
 
     def wait_for_messages(self, collect, max_messages: int, timeout: float) -> list[Message] | None:
@@ -329,6 +347,7 @@ class Dispatcher:
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
         with self._lock:
             fut = self._submit(qd.nack(state, msg, self.clock.now()))
+        self.tally.nacked(qd.name)
         self._commit_and_notify(fut)
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
@@ -337,6 +356,7 @@ class Dispatcher:
                 return
             state.close("unbound by the application")
             fut = self._submit(qd.unbind(state, self.clock.now()))
+        log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
         self._commit_and_notify(fut)
 
     def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]:
@@ -401,6 +421,7 @@ class Dispatcher:
                 with self.store.read() as r:
                     for qd in self._runtimes.values():
                         ops += self._config_ops(qd, r, now)
+                        ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
         for qd in self._runtimes.values():
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:

@@ -23,7 +23,10 @@ from typing import Protocol
 
 from partq.config import QueueConfig
 from partq.delivery.cursor import Cursor
+from partq.delivery.holds import Holds, clear_cutover, read_cutover
+from partq.delivery.moves import Moves
 from partq.delivery.state import DeliveryView, decode_state, encode_state, view_of
+from partq.delivery.tally import Tally
 from partq.errors import CorruptRecord, FlowClosed, FlowFenced, PartqError
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
@@ -131,7 +134,7 @@ class RemoteSink(Protocol):
 
 
 class QueueDelivery:
-    def __init__(self, config: QueueConfig, reader, now: float) -> None:
+    def __init__(self, config: QueueConfig, reader, now: float, tally: Tally | None = None) -> None:
         self.config = config
         self.name = config.name
         self.qid = config.qid
@@ -146,6 +149,7 @@ class QueueDelivery:
                                             config.max_handoff_time, now)
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
+        self.cutover = read_cutover(reader, self.qid)  # an online scaling not drained yet
         self._set_index(index, reader)
         for slot, owner in enumerate(self.core.owner[:len(self.parts)]):
             if owner is not None:
@@ -155,12 +159,13 @@ class QueueDelivery:
         self.flows: dict[str, FlowState] = {}   # flow id -> its delivery state
         self.config_raw = reader.queue_raw(self.name)
         self._last_blob: bytes | None = blob
+        self.moves = Moves(self.name, self.qid, self.core, tally or Tally(), now)   # logs, counts
         # writes from construction, submitted with the first bind
         if self.core.n != len(index):
             # scaled while no process ran delivery: rebalance at once, as scaling does (S18)
             self.pending_ops = self._run(self.core.partition_count_changed(len(index), now), now)
         else:
-            self.pending_ops = self._state_ops()
+            self.pending_ops = self._state_ops(now)
 
     def _set_index(self, index: list[int], reader) -> None:
         """Deliver the storage partitions ``index`` (slot order); keep the state of those kept."""
@@ -189,6 +194,7 @@ class QueueDelivery:
         non-partitioned unbind every flow, telling it why (S19, seed 001)."""
         old = self.config
         self.config, self.config_raw = config, raw
+        self.cutover = read_cutover(reader, self.qid)   # written with the count it switched
         self.core.rebalance_delay = config.rebalance_delay
         self.core.max_handoff_time = config.max_handoff_time
         mode, index = delivery_layout(config)
@@ -226,9 +232,26 @@ class QueueDelivery:
     def tick(self, now: float) -> list:
         return self._run(self.core.tick(now), now)
 
+    def cutover_ops(self, reader) -> list:
+        """Once every old partition of an online scaling drained past its cut-over, the
+        record goes (checked again in the write): nothing is held or checked any more."""
+        if self.cutover is None or not Holds(self.cutover, reader, self.qid).all_drained():
+            return []
+        cutover, qid = self.cutover, self.qid
+        self.cutover = None
+        log.info("queue %r: the online scaling from %d to %d partitions has drained; per-key "
+                 "holds are off", self.name, cutover.from_partitions, cutover.to_partitions)
+
+        def op(w):
+            current = read_cutover(w, qid)
+            if current == cutover and Holds(current, w, qid).all_drained():
+                clear_cutover(w, qid)
+        return [op]
+
     def _run(self, actions: list, now: float) -> list:
         """Carry out actions; report drained paused partitions back to the core until quiet.
         Returns the write operations to submit (the new state blob, if it changed)."""
+        self.moves.sample(self._held)
         while actions:
             paused = []
             for a in actions:
@@ -257,7 +280,7 @@ class QueueDelivery:
             actions = []
             for p in paused:
                 actions += self.core.acked(p, self._outstanding(p), now)
-        return self._state_ops()
+        return self._state_ops(now)
 
     def _outstanding(self, p: int) -> int:
         owner = self.core.owner[p]
@@ -267,6 +290,14 @@ class QueueDelivery:
         if state is not None and state.remote is not None:
             return state.reported.get(p, 0)
         return self.parts[p].outstanding(owner)
+
+    def _held(self, p: int, flow_id: str) -> int | None:
+        """Messages of slot ``p`` the flow holds unacked (None: it is no flow of this runtime)."""
+        state = self.flows.get(flow_id)
+        if state is None or p >= len(self.parts):
+            return None
+        return state.reported.get(p, 0) if state.remote is not None else \
+            self.parts[p].outstanding(flow_id)
 
     def report(self, flow: FlowState, counts: dict[int, int], now: float) -> list:
         """A flow of another process reports what it holds unacked per storage partition: a
@@ -317,13 +348,14 @@ class QueueDelivery:
         return view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
                        bound=True, live=live, mode=self.mode, client=client)
 
-    def _state_ops(self) -> list:
+    def _state_ops(self, now: float) -> list:
         blob = encode_state(self.mode, self.core)
         if blob == self._last_blob:
             return []
         self._last_blob = blob
         qid = self.qid
-        return [lambda w: w.put_state(qid, blob)]
+        return [lambda w: w.put_state(qid, blob)] + self.moves.observe(
+            self.core, now, [ps.sp for ps in self.parts], self._held)
 
     # ------------------------------------------------------------------ delivery
     def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict, dict]:
@@ -349,6 +381,7 @@ class QueueDelivery:
         out: list[Message] = []
         marks: dict[int, tuple[int, int]] = {}
         skipped: dict[int, list[int]] = {}
+        holds = Holds(self.cutover, reader, qid) if self.cutover is not None else None
         for slot in owned[flow.rr:] + owned[:flow.rr]:
             if len(out) >= want:
                 break
@@ -357,7 +390,8 @@ class QueueDelivery:
             ps = self.parts[slot]
             if ps.stale:
                 ps.refresh(reader.ack_state(qid, ps.sp))
-            ps.take(reader, qid, name, flow, want, out, skipped)
+            ps.take(reader, qid, name, flow, want, out, skipped,
+                    holds.gate(ps.sp) if holds is not None else None)
             mark = ps.mark(reader, qid)
             if mark is not None:
                 marks[ps.sp] = mark

@@ -6,13 +6,21 @@ from __future__ import annotations
 import dataclasses
 
 from partq.config import MAX_PARTITIONS, QueueConfig
+from partq.delivery.holds import Holds, clear_cutover, read_cutover, write_cutover
 from partq.errors import InvalidConfig
 from partq.states import ScalingState
 from partq.storage import crashpoints
 
 
-def change_count(broker, name: str, partitions: int, progress=None) -> QueueConfig:
+def change_count(broker, name: str, partitions: int, progress=None,
+                 online: bool = False) -> QueueConfig:
     """Change the partition count (S18), one step per commit so statuses are visible.
+
+    ``online`` (S37): ingress may stay on; the commit that switches the key mapping records
+    each old partition's cut-over, and delivery holds a moved key's new messages until its old
+    partition drained past it (``partq.delivery.holds``). Refused while an earlier online
+    scaling has not drained yet. An offline change forgets any cut-over (no order is promised
+    across it).
 
     Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the new
     count in the commit that ends the scaling, once every new partition exists. Down: the count
@@ -36,21 +44,42 @@ def change_count(broker, name: str, partitions: int, progress=None) -> QueueConf
     if partitions == old:
         return config
     up = partitions > old
+    with broker.store.read() as r:
+        pending = read_cutover(r, config.qid)
+        if pending is not None and Holds(pending, r, config.qid).all_drained():
+            pending = None      # drained; the delivery owner just has not removed it yet
+    if online and pending is not None:
+        raise InvalidConfig(
+            f"queue {name!r} is still draining its online scaling from {pending.from_partitions} "
+            f"to {pending.to_partitions} partitions (see `partq queue show {name}`); scale again "
+            f"online once it has drained, or scale offline")
 
     def start(w):
         c = broker.publisher.config_in(w, name)
         if up:
             c = dataclasses.replace(c, scaling_status=ScalingState.SCALING_UP, scaling_from=old,
-                                    scaling_to=partitions)
+                                    scaling_to=partitions, scaling_online=online)
         else:
             c = dataclasses.replace(c, partitions=partitions,
                                     scaling_status=ScalingState.SCALING_DOWN, scaling_from=old,
-                                    scaling_to=partitions)
+                                    scaling_to=partitions, scaling_online=online)
+            switch_mapping(w, c.qid, old, partitions, online, broker.clock.wall_ns())
         w.put_queue(name, c.to_dict())
     broker.store.write(start)
+    if crashpoints.ENABLED and not up:
+        crashpoints.hit("after_cutover")     # a scale-down switches the mapping in its start
     if progress:
         progress(f"{'ScalingUp' if up else 'ScalingDown'} {old} -> {partitions}")
     return finish_scaling(broker, name, progress)
+
+
+def switch_mapping(w, qid: int, old: int, new: int, online: bool, time_ns: int) -> None:
+    """In the commit that switches the key mapping: an online scaling records its cut-over;
+    an offline one forgets any earlier cut-over."""
+    if online:
+        write_cutover(w, qid, old, new, time_ns)
+    else:
+        clear_cutover(w, qid)
 
 
 def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
@@ -97,11 +126,16 @@ def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
     def finish(w):
         if not same(w):
             return config_in(w, name)   # another process finished it already
-        c = dataclasses.replace(config_in(w, name), scaling_status=ScalingState.READY,
-                                scaling_from=0, scaling_to=0, **done)
+        c = config_in(w, name)
+        if c.scaling_status == ScalingState.SCALING_UP:     # the key mapping switches now
+            switch_mapping(w, qid, old, new, c.scaling_online, broker.clock.wall_ns())
+        c = dataclasses.replace(c, scaling_status=ScalingState.READY, scaling_from=0,
+                                scaling_to=0, scaling_online=False, **done)
         w.put_queue(name, c.to_dict())
         return c
     final = store.write(finish)
+    if crashpoints.ENABLED:
+        crashpoints.hit("after_cutover")
     broker.publisher.forget(name)
     broker.tick()
     if progress:

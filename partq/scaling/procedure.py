@@ -6,6 +6,9 @@
     3 wait for the DR-standby
     4 change the partition count
 
+Online (S37, ``online=True``): ingress stays on, so steps 1, 2, 3 and 7 are skipped; step 4
+records the cut-over that keeps per-key order (``partq.delivery.holds``).
+
 ``run`` drives the steps and reports each through a ``Reporter`` (the CLI prints lines or JSON).
 The procedure is recorded in the store (``record``), so that one that dies is reported, resumed
 by a re-run with the same target (ingress goes back to what it was before the *first* run), or
@@ -130,7 +133,7 @@ def check_scalable(config: QueueConfig) -> None:
 
 def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
         rebalance_timeout: float, standby_timeout: float, reporter: Reporter,
-        stop: Callable[[], bool] = lambda: False,
+        stop: Callable[[], bool] = lambda: False, online: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep) -> dict:
     """Scale ``queue`` to ``target`` partitions by the seed's seven steps. Returns a summary.
@@ -152,7 +155,7 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
     first_step = 5 if (resumed is not None and resumed.step >= 4 and config.partitions == target
                        and config.scaling_status == "Ready") else 1
     proc = Procedure(queue, old, target, first_step, ingress_before, os.getpid(),
-                     socket.gethostname(), time.time_ns())
+                     socket.gethostname(), time.time_ns(), online=online)
     write_record(broker, config, proc)
     if resumed is not None:
         reporter.note(first_step, f"resuming the procedure interrupted at step {resumed.step} "
@@ -245,8 +248,15 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
         def progress(text: str) -> None:
             steps.append({"seconds": round(clock() - t0, 6), "step": text})
             reporter.note(4, f"+{clock() - t0:.3f} s {text}")
-        final = broker.scale(queue, target, progress=progress)
-        return "done", {"from": old, "to": final.partitions, "steps": steps}
+        final = broker.scale(queue, target, progress=progress, online=online)
+        return "done", {"from": old, "to": final.partitions, "steps": steps, "online": online}
+
+    def skipped(n: int) -> Callable[[], tuple[str, dict]]:
+        def body() -> tuple[str, dict]:
+            reporter.note(n, "skipped (online): ingress stays on; moved keys wait for their old "
+                             "partition instead")
+            return "skipped", {"online": True}
+        return body
 
     def rebalanced() -> tuple[str, dict]:
         deadline = clock() + rebalance_timeout
@@ -270,15 +280,18 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
 
     def enable() -> tuple[str, dict]:
         _restore(broker, config, ingress_before)
+        if online:
+            reporter.note(7, "skipped (online): ingress was never turned off")
+            return "skipped", {"ingress_enabled": ingress_before, "online": True}
         if not ingress_before:
             reporter.note(7, "ingress was off before the procedure: left off")
         return "done", {"ingress_enabled": ingress_before}
 
     try:
         if first_step == 1:
-            step(1, disable)
-            step(2, drained)
-            step(3, lambda: standby("drained", 3))
+            step(1, skipped(1) if online else disable)
+            step(2, skipped(2) if online else drained)
+            step(3, skipped(3) if online else lambda: standby("drained", 3))
             step(4, change)
         step(5, rebalanced)
         step(6, lambda: standby("scaled", 6))

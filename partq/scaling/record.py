@@ -40,6 +40,7 @@ class Procedure:
     host: str
     started_ns: int
     state: str = "running"
+    online: bool = False        # S37: ingress stays on; steps 1-3 and 7 are skipped
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -53,10 +54,13 @@ class Procedure:
                 f"({name}; {who})")
         if self.state == "running":
             return text
-        ingress = ("ingress is OFF: publishes are refused or discarded" if self.step < 7 or
+        ingress = ("ingress was never turned off (online)" if self.online else
+                   "ingress is OFF: publishes are refused or discarded" if self.step < 7 or
                    not self.ingress_before else "ingress may still be off")
+        online = " --online" if self.online else ""
         return (f"{text}; {ingress}; finish it with `partq scale {self.queue} --partitions "
-                f"{self.to_partitions}`, or undo it with `partq scale {self.queue} --abort`")
+                f"{self.to_partitions}{online}`, or undo it with `partq scale {self.queue} "
+                f"--abort`")
 
 
 def procedure_of(broker, queue: str) -> Procedure | None:

@@ -13,8 +13,9 @@ op                 written
 ``delivered``      for every message a receive returned: id (from the payload), key (the
                    message's key), pkey (the key embedded in the payload), partition, seq,
                    redelivered
+``ack_sent``       before ack_many_async is called: id (its ``acked`` line comes later)
 ``acked``          after ack/ack_many returned: id
-``scale_begin``    by a scaler before ``scale(q, to)``: from, to, t
+``scale_begin``    by a scaler before ``scale(q, to)``: from, to, online, t
 ``scale_end``      after it returned: to, t
 =================  ==========================================================================
 
@@ -39,6 +40,13 @@ The counts (``check`` returns them as a dict; ``VIOLATIONS`` must all be 0):
   the highest seq delivered before for that key and partition is marked redelivered.
   Each delivery breaking (a) or (b) counts once.
 * ``partition_order_violations``: the same two rules per partition (keys and unkeyed alike).
+* ``key_order_violations`` (S37), checked when every scaling was online: a message of key k
+  delivered while an earlier message of k (its publish returned before this one was attempted)
+  in *another* partition is not acked yet, and was not in a partition a scale-down deleted.
+  "Acked" here is the ``acked`` line, or for an async ack its ``ack_sent`` line (its commit
+  time is not logged), or for a message a killed owner delivered and nobody delivered again
+  the death of that owner (its ack committed, its line was never written); so the rule is
+  checked slightly loosely for those.
 * ``publish_order_violations``: per partition, publish A returned (its ``published`` line)
   before publish B was attempted, yet seq(A) > seq(B). Linearizability of each partition's log.
 * ``position_mismatches``: a delivery at another (partition, seq) than its publish returned,
@@ -62,9 +70,11 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 VIOLATIONS = ("lost", "unexpected", "delivered_after_ack", "unmarked_redeliveries",
-              "order_violations", "partition_order_violations", "publish_order_violations",
+              "order_violations", "partition_order_violations", "key_order_violations",
+              "publish_order_violations",
               "position_mismatches", "garbled", "acked_never_delivered")
 EXAMPLES_PER_KIND = 5
 
@@ -109,36 +119,119 @@ class _Report:
             self.examples[kind].append(example)
 
 
-def check(logs: Sequence[Iterable[dict]], final_drain: bool = True) -> dict:
-    """Check the logs (in delivery-ownership order, see the module doc); return the report:
-    every count of ``VIOLATIONS`` and of the allowed kinds, ``examples`` of each violation,
-    and ``ok`` (all violations 0)."""
-    rep = _Report()
-    attempts: dict[str, dict] = {}          # id -> attempt event
-    published: dict[str, dict] = {}         # id -> published event
-    scales: list[dict] = []                 # {"to", "begin", "end"} in begin order
-    stream: list[dict] = []                 # delivered and acked events, in real order
+@dataclass
+class Parsed:
+    """The logs, read: publishes, scalings, and the delivery-side events in log order."""
+    attempts: dict[str, dict] = field(default_factory=dict)     # id -> attempt event
+    published: dict[str, dict] = field(default_factory=dict)    # id -> published event
+    scales: list[dict] = field(default_factory=list)            # {"to", "begin", "end", ...}
+    stream: list[dict] = field(default_factory=list)   # delivered/acked/ack_sent, "owner" marks
 
-    for events in logs:
+
+@dataclass
+class Deliveries:
+    """What the delivery-side checks found, for the publish-side checks and the figures."""
+    delivered: set[str]
+    acked: set[str]
+    deliveries: int
+    redeliveries: int
+    key_order_checked: bool
+
+
+def parse(logs: Sequence[Iterable[dict]]) -> Parsed:
+    h = Parsed()
+    for i, events in enumerate(logs):
+        h.stream.append({"op": "owner", "log": i})
         for e in events:
             op = e.get("op")
             if op == "attempt":
-                attempts[e["id"]] = e
+                h.attempts[e["id"]] = e
             elif op == "published":
-                published[e["id"]] = e
+                h.published[e["id"]] = e
             elif op == "scale_begin":
-                scales.append({"from": e.get("from"), "to": e["to"], "begin": e["t"], "end": None})
+                h.scales.append({"from": e.get("from"), "to": e["to"], "begin": e["t"],
+                                 "end": None, "online": bool(e.get("online"))})
             elif op == "scale_end":
-                for s in reversed(scales):
+                for s in reversed(h.scales):
                     if s["to"] == e["to"] and s["end"] is None:
                         s["end"] = e["t"]
                         break
-            elif op in ("delivered", "acked"):
-                stream.append(e)
-    for i, s in enumerate(scales):
+            elif op in ("delivered", "acked", "ack_sent"):
+                h.stream.append(e)
+    for i, s in enumerate(h.scales):
         if s["end"] is None:   # the scaler died: finished by some later open, before the next scale
-            s["end"] = scales[i + 1]["begin"] if i + 1 < len(scales) else math.inf
+            s["end"] = h.scales[i + 1]["begin"] if i + 1 < len(h.scales) else math.inf
+    return h
 
+
+def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
+          concurrent: bool = False) -> dict:
+    """Check the logs; return the report: every count of ``VIOLATIONS`` and of the allowed
+    kinds, ``examples`` of each violation, and ``ok`` (all violations 0). The logs are in
+    delivery-ownership order (see the module doc), unless ``concurrent``: consumer processes
+    delivered at the same time (``concurrent_checks``)."""
+    rep = _Report()
+    h = parse(logs)
+    if concurrent:
+        from concurrent_checks import check_deliveries
+        d = check_deliveries(h, rep)
+    else:
+        d = sequential_deliveries(h, rep)
+    attempts, published, scales = h.attempts, h.published, h.scales
+    delivered_ids, acked_ids = d.delivered, d.acked
+
+    # ---------------------------------------------------------------- publish side
+    dropped = recovered = unknown_not_found = 0
+    if final_drain:
+        for mid, pub in published.items():
+            if mid in delivered_ids:
+                continue
+            t_attempt = attempts.get(mid, pub).get("t", pub.get("t", 0.0))
+            if _dropped_by(scales, pub["partition"], t_attempt):
+                dropped += 1
+            else:
+                rep.add("lost", pub)
+    for mid in attempts:
+        if mid not in published:
+            if mid in delivered_ids:
+                recovered += 1
+            else:
+                unknown_not_found += 1
+
+    by_partition: dict[int, list[tuple[int, float, float, str]]] = defaultdict(list)
+    for mid, pub in published.items():
+        att = attempts.get(mid)
+        if att is not None and "t" in att and "t" in pub:
+            by_partition[pub["partition"]].append((pub["seq"], att["t"], pub["t"], mid))
+    for p, rows in by_partition.items():
+        rows.sort(reverse=True)                 # highest seq first
+        earliest_return, who = math.inf, None   # among publishes with a higher seq
+        for seq, t_att, t_pub, mid in rows:
+            if earliest_return < t_att:
+                rep.add("publish_order_violations",
+                        {"partition": p, "id": mid, "seq": seq, "returned_earlier_with_higher_seq": who})
+            if t_pub < earliest_return:
+                earliest_return, who = t_pub, mid
+
+    report = {k: rep.counts.get(k, 0) for k in VIOLATIONS}
+    report.update(
+        attempted=len(attempts), published=len(published),
+        unknown=sum(1 for m in attempts if m not in published),
+        recovered=recovered, unknown_not_found=unknown_not_found,
+        dropped_by_scale_down=dropped, deliveries=d.deliveries, delivered=len(delivered_ids),
+        redeliveries=d.redeliveries, acked=len(acked_ids),
+        never_acked_in_logs=sum(1 for m in delivered_ids if m not in acked_ids),
+        scales=len(scales), final_drain=final_drain, key_order_checked=d.key_order_checked,
+        concurrent=concurrent,
+    )
+    report["ok"] = all(report[k] == 0 for k in VIOLATIONS)
+    report["examples"] = {k: v for k, v in rep.examples.items() if v}
+    return report
+
+
+def sequential_deliveries(h: Parsed, rep: _Report) -> Deliveries:
+    """The delivery-side checks when one process at a time delivered, logs in that order."""
+    attempts, published, scales, stream = h.attempts, h.published, h.scales, h.stream
     # ---------------------------------------------------------------- deliveries in order
     positions: dict[tuple[int, int], str] = {}
     delivered_ids: set[str] = set()
@@ -147,8 +240,20 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True) -> dict:
     seen_max: dict[tuple, int] = {}         # (key, p) / p -> highest seq delivered so far
     redeliveries = 0
     n_delivered = 0
+    key_order = KeyOrder(attempts, published, scales, stream) if all(s["online"] for s in scales) \
+        else None
     for e in stream:
+        if e["op"] == "owner":
+            if key_order is not None:
+                key_order.owner_changed(e["log"])
+            continue
+        if e["op"] == "ack_sent":
+            if key_order is not None:
+                key_order.acked(e["id"])
+            continue
         if e["op"] == "acked":
+            if key_order is not None:
+                key_order.acked(e["id"])
             if e["id"] not in delivered_ids:
                 rep.add("acked_never_delivered", e)
             acked_ids.add(e["id"])
@@ -190,55 +295,76 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True) -> dict:
             seen_max[stream_key] = max(seq, seen_max.get(stream_key, -1))
             if bad:
                 rep.add(kind, {"why": bad, "delivered": e, "highest_before": seen_max[stream_key]})
+        if key_order is not None and e.get("key") is not None and att is not None:
+            blocking = key_order.blocking(mid, e["key"], p, att.get("t"))
+            if blocking is not None:
+                rep.add("key_order_violations", {"delivered": e, "earlier_unacked": blocking})
         delivered_ids.add(mid)
+    return Deliveries(delivered_ids, acked_ids, n_delivered, redeliveries, key_order is not None)
 
-    # ---------------------------------------------------------------- publish side
-    dropped = recovered = unknown_not_found = 0
-    if final_drain:
+
+def _dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
+    """Whether a scale-down deleted ``partition`` after a publish attempted at ``t_attempt``."""
+    return any(s["to"] <= partition and s["to"] < (s["from"] or math.inf) and t_attempt < s["end"]
+               for s in scales)
+
+
+class KeyOrder:
+    """The per-key order rule across partitions (S37): per key, its published messages in the
+    order their publishes returned, and which are acked so far in the stream."""
+
+    def __init__(self, attempts: dict, published: dict, scales: list[dict],
+                 stream: list[dict]) -> None:
+        self.done: set[str] = set()
+        self.by_key: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
         for mid, pub in published.items():
-            if mid in delivered_ids:
+            att = attempts.get(mid)
+            if att is None or att.get("key") is None or "t" not in pub:
                 continue
-            t_attempt = attempts.get(mid, pub).get("t", pub.get("t", 0.0))
-            if any(s["to"] <= pub["partition"] and s["to"] < (s["from"] or math.inf)
-                   and t_attempt < s["end"] for s in scales):
-                dropped += 1
-            else:
-                rep.add("lost", pub)
-    for mid in attempts:
-        if mid not in published:
-            if mid in delivered_ids:
-                recovered += 1
-            else:
-                unknown_not_found += 1
+            if _dropped_by(scales, pub["partition"], att.get("t", pub["t"])):
+                continue        # may be deleted unacked: no order is owed to it
+            self.by_key[att["key"]].append((pub["t"], pub["partition"], mid))
+        for rows in self.by_key.values():
+            rows.sort()
+        self.start: dict[str, int] = defaultdict(int)
+        # A process killed after an ack committed and before its ``acked`` line leaves an ack
+        # the logs do not show: a message delivered by an earlier owner, never acked in the
+        # logs and never delivered again was acked before the next owner began.
+        last_log: dict[str, int] = {}
+        logged_acks: set[str] = set()
+        log = -1
+        for e in stream:
+            if e["op"] == "owner":
+                log = e["log"]
+            elif e["op"] == "delivered" and e.get("id") is not None:
+                last_log[e["id"]] = log
+            elif e["op"] == "acked":
+                logged_acks.add(e["id"])
+        self.unlogged: dict[int, list[str]] = defaultdict(list)
+        for mid, log in last_log.items():
+            if mid not in logged_acks:
+                self.unlogged[log].append(mid)
 
-    by_partition: dict[int, list[tuple[int, float, float, str]]] = defaultdict(list)
-    for mid, pub in published.items():
-        att = attempts.get(mid)
-        if att is not None and "t" in att and "t" in pub:
-            by_partition[pub["partition"]].append((pub["seq"], att["t"], pub["t"], mid))
-    for p, rows in by_partition.items():
-        rows.sort(reverse=True)                 # highest seq first
-        earliest_return, who = math.inf, None   # among publishes with a higher seq
-        for seq, t_att, t_pub, mid in rows:
-            if earliest_return < t_att:
-                rep.add("publish_order_violations",
-                        {"partition": p, "id": mid, "seq": seq, "returned_earlier_with_higher_seq": who})
-            if t_pub < earliest_return:
-                earliest_return, who = t_pub, mid
+    def owner_changed(self, log: int) -> None:
+        self.done.update(self.unlogged.get(log - 1, ()))
 
-    report = {k: rep.counts.get(k, 0) for k in VIOLATIONS}
-    report.update(
-        attempted=len(attempts), published=len(published),
-        unknown=sum(1 for m in attempts if m not in published),
-        recovered=recovered, unknown_not_found=unknown_not_found,
-        dropped_by_scale_down=dropped, deliveries=n_delivered, delivered=len(delivered_ids),
-        redeliveries=redeliveries, acked=len(acked_ids),
-        never_acked_in_logs=sum(1 for m in delivered_ids if m not in acked_ids),
-        scales=len(scales), final_drain=final_drain,
-    )
-    report["ok"] = all(report[k] == 0 for k in VIOLATIONS)
-    report["examples"] = {k: v for k, v in rep.examples.items() if v}
-    return report
+    def acked(self, mid: str) -> None:
+        self.done.add(mid)
+
+    def blocking(self, mid: str, key: str, partition: int, t_attempt: float | None) -> str | None:
+        """An earlier message of ``key`` in another partition not acked yet, or None."""
+        if t_attempt is None:
+            return None
+        rows, i = self.by_key.get(key, []), self.start[key]
+        while i < len(rows) and rows[i][2] in self.done:
+            i += 1
+        self.start[key] = i
+        for t_pub, p, other in rows[i:]:
+            if t_pub >= t_attempt:
+                break
+            if p != partition and other not in self.done and other != mid:
+                return other
+        return None
 
 
 def summary(report: dict) -> str:

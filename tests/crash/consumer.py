@@ -1,10 +1,13 @@
 """Crash-test consumer: the delivery owner. Receives, acks, holds, nacks until it is killed.
 
-    python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P]
+    python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P] [--prefix c]
 
-Opens the broker, then binds its flows (named c0, c1: a restarted consumer gets its partitions
-back, S17), retrying while another consumer process holds those names (a standby consumer
-process waits here until the other dies). Logs ``bound`` once it owns delivery, every
+Opens the broker, then binds its flows (named PREFIX0, PREFIX1: a restarted consumer gets its
+partitions back, S17), retrying while another consumer process holds those names (a standby
+consumer process waits here until the other dies). Consumer processes with other prefixes
+consume at the same time (S29): one of them owns delivery and serves the others' flows. Every
+``delivered`` and ``acked`` line carries ``t0``, the time before the call (``concurrent_checks``
+orders events of concurrent processes by these intervals). Logs ``bound`` once it owns delivery, every
 delivery before doing anything with it, and ``acked`` after ack_many returned (or, for some
 batches, after the ``ack_many_async`` result of the previous loop returned). With two flows
 and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
@@ -48,12 +51,13 @@ def main(argv=None) -> int:
     ap.add_argument("--queue", default="q")
     ap.add_argument("--flows", type=int, default=1)
     ap.add_argument("--churn", type=float, default=0.0)
+    ap.add_argument("--prefix", default="c")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     log = Log(args.log)
     broker = partq.Broker.open(args.data)
     log.write({"op": "opened"})
-    names = [f"c{i}" for i in range(args.flows)]
+    names = [f"{args.prefix}{i}" for i in range(args.flows)]
     flows = bind_all(broker, names, args.queue)
     log.write({"op": "bound", "flows": names})
     held: list = []
@@ -61,8 +65,8 @@ def main(argv=None) -> int:
 
     in_flight: list = []                      # (flow, Pending, msgs) of acks not waited for yet
 
-    def logged(msgs):
-        log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+    def logged(msgs, t0):
+        log.write(*({"op": "acked", "id": delivered_event(m)["id"], "t0": t0} for m in msgs))
 
     def unfenced(msgs, exc):
         fenced = {(m.partition, m.seq) for m in exc.messages}
@@ -71,9 +75,12 @@ def main(argv=None) -> int:
     def ack(flow, msgs):
         if not msgs:
             return
+        t0 = time.monotonic()
         try:
             if rng.random() < 0.3:            # ack_many_async: logged once its result() returns
-                in_flight.append((flow, flow.ack_many_async(msgs), msgs))
+                # (and, for the checker's per-key order rule, as sent before it is sent)
+                log.write(*({"op": "ack_sent", "id": delivered_event(m)["id"]} for m in msgs))
+                in_flight.append((flow, flow.ack_many_async(msgs), msgs, t0))
                 return
             flow.ack_many(msgs)
         except (partq.FlowFenced, partq.FlowClosed) as exc:
@@ -81,23 +88,31 @@ def main(argv=None) -> int:
             if isinstance(exc, partq.FlowFenced):
                 ack(flow, unfenced(msgs, exc))
             return
-        logged(msgs)
+        logged(msgs, t0)
 
     while True:
-        for flow, pending, msgs in in_flight:   # the last loop's acks committed meanwhile
+        for flow, pending, msgs, t0 in in_flight:   # the last loop's acks committed meanwhile
             try:
                 pending.result()
             except partq.FlowFenced as exc:
                 ack(flow, unfenced(msgs, exc))
                 continue
-            logged(msgs)
+            logged(msgs, t0)
         in_flight.clear()
-        live = [f for f in flows if f is not None]
-        for flow in live:
-            msgs = flow.receive(rng.randint(1, 64), timeout=0.05)
+        for i, flow in enumerate(flows):
+            if flow is None:
+                continue
+            t0 = time.monotonic()
+            try:
+                msgs = flow.receive(rng.randint(1, 64), timeout=0.05)
+            except partq.FlowClosed:
+                # unbound by the owner (this process was silent past consumer_timeout, e.g.
+                # SIGSTOPped): bind again under the same name
+                flows[i] = bind_all(broker, [names[i]], args.queue)[0]
+                continue
             if not msgs:
                 continue
-            log.write(*(delivered_event(m) for m in msgs))
+            log.write(*({**delivered_event(m), "t0": t0} for m in msgs))
             r = rng.random()
             if r < 0.7:
                 ack(flow, msgs)
@@ -110,7 +125,10 @@ def main(argv=None) -> int:
                 for m in msgs[k:]:
                     first_of_partition.setdefault(m.partition, m)
                 for m in first_of_partition.values():
-                    flow.nack(m)    # it and every later unacked message of its partition
+                    try:
+                        flow.nack(m)    # it and every later unacked message of its partition
+                    except (partq.FlowFenced, partq.FlowClosed):
+                        pass            # its partition moved meanwhile: nothing to give back
         if held and rng.random() < 0.3:
             for flow in {f for f, _ in held}:
                 ack(flow, [m for f, m in held if f is flow])

@@ -11,14 +11,16 @@ run. The workload passes every crash point at least 20 times:
    once per multi-partition batch);
 2. flow "a" consumes in small receives, acks (at_ack, during_truncation), nacks one batch and
    holds another that it acks late (its partitions have not moved: the acks count);
-3. scale 3 -> 9 (during_scaling per partition created), more publishes;
+3. scale 3 -> 9 online (S37) with messages delivered and unacked (during_scaling per partition
+   created, after_cutover), more publishes; keys that moved wait for the unacked ones;
 4. four cycles of: flow "b" binds, the holddown ends, partitions are handed off from "a" (one
    handoff waits for an ack, the others time out: during_handoff on every reassignment), both
    consume, "a" acks late what it kept (acks of partitions that moved are fenced, S33), "b"
    unbinds and its partitions come back to "a" after the delay;
 5. scale 9 -> 4 (deletes partitions 8..4 and their messages, logged for the checker), 4 -> 9,
    9 -> 3 (during_scaling per partition created or deleted), publishes between them, all
-   consumed and acked.
+   consumed and acked. Every scaling is online, so the checker checks per-key order across
+   partitions too.
 
 It logs like the other workers (``checker``), and at the end ``{"op": "done", "passes": ...}``
 with how often each crash point was passed (counted only when PARTQ_CRASH_AT is set).
@@ -92,8 +94,9 @@ def main(data: str, log_path: str) -> int:
             ack(flow, msgs)
 
     def scale(to):
-        log.write({"op": "scale_begin", "from": b.queue_config("q").partitions, "to": to})
-        b.scale("q", to)
+        log.write({"op": "scale_begin", "from": b.queue_config("q").partitions, "to": to,
+                   "online": True})
+        b.scale("q", to, online=True)
         log.write({"op": "scale_end", "to": to})
 
     # 1. publish
@@ -111,11 +114,18 @@ def main(data: str, log_path: str) -> int:
     consume(a, rounds=6)
     ack(a, held)
     consume(a)
-    # 3. scale up, publish more
+    # 3. scale up online with messages unacked, publish more: moved keys wait for them
+    for _ in range(3):
+        single()
+        batch(4)
+    unacked = receive(a, 10)
     scale(9)
     for _ in range(6):
         single()
         batch(5)
+    consume(a, rounds=3)              # what is not held
+    ack(a, unacked)                   # the old partitions drain: the held messages flow
+    consume(a)
     # 4. handoffs between a and b
     for _ in range(4):
         for _ in range(3):

@@ -70,12 +70,15 @@ def main(argv=None) -> int:
     while True:
         got = 0
         for flow in flows:
+            t_receive = time.monotonic()
             msgs = flow.receive(500, timeout=0.1 / len(flows))
             if msgs:
                 got += len(msgs)
-                log.write(*(delivered_event(m) for m in msgs))
+                log.write(*({**delivered_event(m), "t0": t_receive} for m in msgs))
+                t_ack = time.monotonic()
                 flow.ack_many(msgs)
-                log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
+                log.write(*({"op": "acked", "id": delivered_event(m)["id"], "t0": t_ack}
+                            for m in msgs))
         if got:
             continue
         status = broker.queue_status(args.queue)

@@ -37,7 +37,7 @@ CRASH_POINTS_BY_ROLE = {
     "pub": ("before_commit", "after_commit_before_return", "mid_batch"),
     "con": ("before_commit", "after_commit_before_return", "at_ack", "during_truncation",
             "during_handoff"),
-    "scale": ("during_scaling", "before_commit", "after_commit_before_return"),
+    "scale": ("during_scaling", "before_commit", "after_commit_before_return", "after_cutover"),
 }
 
 
@@ -87,6 +87,7 @@ class Proc:
     crash_at: str | None
     argv: list
     status: int | None = None
+    cont_at: float | None = None   # SIGSTOPped: when it gets SIGCONT
 
 
 @dataclass
@@ -95,6 +96,8 @@ class Figures:
     processes_started: int = 0
     killed_by_harness: int = 0
     killed_by_crash_point: int = 0
+    stopped: int = 0               # SIGSTOP/SIGCONT of a consumer process
+    concurrent_rounds: int = 0     # rounds whose consumer processes delivered side by side
     scalings: int = 0
     published: int = 0
     attempted: int = 0
@@ -156,11 +159,19 @@ class Round:
         self.max_handoff_time = rng.choice([0.0, 0.1, 0.3])
         n_scales = rng.choice([0, 1, 2, 3])
         self.scale_plan = sorted(rng.uniform(0.1, 0.8) * duration for _ in range(n_scales))
+        self.online = rng.random() < 0.5     # S37: per-key order across partitions is checked
+        # S29: consumer processes with their own flows, delivering side by side (one owns
+        # delivery and serves the others); otherwise one consumer process (and maybe a standby
+        # process for the same names)
+        self.spread = rng.choice([0, 0, 2, 3])
+        self.stop_rate = 0.004 if self.spread else 0.0    # per look: a SIGSTOP now and then
+        self.consumer_timeout = 1.0
         self.crash_point_rate = 0.25
 
     def describe(self) -> dict:
         return {k: getattr(self, k) for k in ("partitions", "flows", "standby", "publishers",
-                                              "rebalance_delay", "max_handoff_time", "scale_plan")}
+                                              "rebalance_delay", "max_handoff_time", "scale_plan",
+                                              "online", "spread")}
 
     # ------------------------------------------------------------------ processes
     def _start(self, role: str, slot: int, argv: list) -> Proc:
@@ -183,6 +194,8 @@ class Round:
                 kill_after_open = self.rng.uniform(0.0, 0.02)
         elif self.rng.random() < 0.2:        # anywhere from start-up through opening
             kill_at = now + self.rng.uniform(0.0, 0.3)
+        elif role == "con" and self.spread:   # long enough to get partitions beside the others
+            kill_after_open = self.rng.uniform(0.3, 2.0)
         else:                                 # while it works
             kill_after_open = self.rng.uniform(0.02, 0.7)
         proc = Proc(role, slot, inc, pid, log, err, now, kill_at, kill_after_open, crash_at, argv)
@@ -228,17 +241,40 @@ class Round:
             raise RoundFailed(f"{proc.role}-{proc.slot}-{proc.inc} exited with {status}:\n"
                               f"{err[-3000:]}")
 
+    def _stop_and_continue(self, now: float) -> None:
+        """SIGSTOP a consumer process now and then, for up to three times the consumer timeout
+        (past it the owner unbinds its flows; a stopped owner stops everyone's delivery), then
+        SIGCONT it: its held messages' acks are fenced, its flows come back."""
+        for proc in self.procs:
+            if proc.cont_at is not None and now >= proc.cont_at:
+                proc.cont_at = None
+                os.kill(proc.pid, signal.SIGCONT)
+        if self.stop_rate and self.rng.random() < self.stop_rate:
+            running = [p for p in self.procs if p.role == "con" and p.cont_at is None]
+            if running:
+                proc = self.rng.choice(running)
+                proc.cont_at = now + self.rng.uniform(0.1, 3 * self.consumer_timeout)
+                proc.kill_at = None if proc.kill_at is None else max(proc.kill_at, proc.cont_at)
+                os.kill(proc.pid, signal.SIGSTOP)
+                self.fig.stopped += 1
+
     # ------------------------------------------------------------------ the round
     def run(self) -> dict:
         with partq.Broker.open(self.data) as b:
             b.create_queue("q", partitions=self.partitions, rebalance_delay=self.rebalance_delay,
-                           max_handoff_time=self.max_handoff_time)
+                           max_handoff_time=self.max_handoff_time,
+                           consumer_timeout=self.consumer_timeout)
         self.fig.rounds += 1
         for slot in range(self.publishers):
             self._start("pub", slot, [])
         con_argv = ["--flows", str(self.flows), "--churn", "0.02"]
-        for slot in range(2 if self.standby else 1):
-            self._start("con", slot, con_argv)
+        if self.spread:
+            self.fig.concurrent_rounds += 1
+            for slot in range(self.spread):
+                self._start("con", slot, con_argv + ["--prefix", f"s{slot}c"])
+        else:
+            for slot in range(2 if self.standby else 1):
+                self._start("con", slot, con_argv)
         t0 = time.monotonic()
         plan = list(self.scale_plan)
         try:
@@ -254,7 +290,9 @@ class Round:
                     target = self.rng.choice([n for n in range(1, 7) if n != current])
                     self.scale_target = target
                     self.scaling = True
-                    self._start("scale", 0, ["--to", str(target)])
+                    self._start("scale", 0, ["--to", str(target)]
+                                + (["--online"] if self.online else []))
+                self._stop_and_continue(now)
                 for proc in list(self.procs):
                     if proc.kill_at is None and proc.kill_after_open is not None and \
                             self._logged(proc, "opened"):
@@ -285,7 +323,7 @@ class Round:
                                   f"{f.read().decode(errors='replace')[-3000:]}")
         drain_events = checker.read_log(drain_log)
         self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
-        report = checker.check(checker.load_dir(self.logs))
+        report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread))
         report["drained"] = drain_events[-1]
         self.fig.add(report)
         if not report["ok"]:

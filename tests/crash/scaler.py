@@ -1,15 +1,17 @@
 """Crash-test scaler: ``scale(queue, TO)`` once, logged for the checker.
 
-    python scaler.py DATA_DIR LOG --to N [--queue q]
+    python scaler.py DATA_DIR LOG --to N [--queue q] [--online]
 
-Logs ``scale_begin`` (with the partition count it saw) before and ``scale_end`` after. Run
-again after a kill, it first finishes the interrupted scaling (``scale`` does that), then
-scales to N if the count is not N already.
+Logs ``scale_begin`` (with the partition count it saw, and ``online``) before and ``scale_end``
+after. Run again after a kill, it first finishes the interrupted scaling (``scale`` does that),
+then scales to N if the count is not N already. ``--online`` (S37) first waits until an earlier
+online scaling's cut-over has drained (a second one is refused until then).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from wlog import Log
 
@@ -23,14 +25,20 @@ def main(argv=None) -> int:
     ap.add_argument("--to", type=int, required=True)
     ap.add_argument("--queue", default="q")
     ap.add_argument("--seed", type=int, default=0)      # accepted like every worker; unused
+    ap.add_argument("--online", action="store_true")
     args = ap.parse_args(argv)
     log = Log(args.log)
     broker = partq.Broker.open(args.data)
     log.write({"op": "opened"})
+    deadline = time.monotonic() + 120
+    while args.online and broker.queue_status(args.queue).cutover is not None:
+        if time.monotonic() > deadline:
+            raise SystemExit("the previous online scaling never drained")
+        time.sleep(0.02)          # consumers are acking its old partitions
     config = broker.queue_config(args.queue)
     frm = config.scaling_from if config.scaling_status != "Ready" else config.partitions
-    log.write({"op": "scale_begin", "from": frm, "to": args.to})
-    final = broker.scale(args.queue, args.to)
+    log.write({"op": "scale_begin", "from": frm, "to": args.to, "online": args.online})
+    final = broker.scale(args.queue, args.to, online=args.online)
     log.write({"op": "scale_end", "to": args.to, "partitions": final.partitions})
     broker.close()
     return 0

@@ -51,8 +51,12 @@ class History:
         self.cons[-1].append(self._ev(op="acked", id=mid))
         return self
 
-    def scale(self, frm, to, end=True):
-        self.pub.append(self._ev(op="scale_begin", to=to, **{"from": frm}))
+    def ack_sent(self, mid):
+        self.cons[-1].append(self._ev(op="ack_sent", id=mid))
+        return self
+
+    def scale(self, frm, to, end=True, online=False):
+        self.pub.append(self._ev(op="scale_begin", to=to, online=online, **{"from": frm}))
         if end:
             self.pub.append(self._ev(op="scale_end", to=to))
         return self
@@ -245,6 +249,47 @@ def test_scale_down_drops_are_excused_only_in_removed_partitions_and_in_time():
     assert r["dropped_by_scale_down"] == 1 and r["examples"]["lost"][0]["id"] == "b"
 
 
+def test_key_order_across_an_online_scaling():
+    """S37: a key's message from its new partition before its old partition's earlier message
+    is acked is a violation when every scaling was online; not checked otherwise."""
+    def history(online, ack_old, sent_only=False):
+        h = History().publish("a0", 1, 0).scale(4, 6, online=online).publish("a1", 4, 0)
+        h.deliver("a0", 1, 0)
+        if ack_old:
+            (h.ack_sent if sent_only else h.ack)("a0")
+        h.deliver("a1", 4, 0).ack("a1")
+        if not ack_old:
+            h.ack("a0")
+        return h
+    r = history(online=True, ack_old=False).check()
+    only(r, "key_order_violations")
+    assert r["examples"]["key_order_violations"][0]["earlier_unacked"] == "a0"
+    only(history(online=True, ack_old=True).check())
+    only(history(online=True, ack_old=True, sent_only=True).check())    # an async ack, sent
+    r = history(online=False, ack_old=False).check()
+    only(r)
+    assert r["key_order_checked"] is False
+    # an owner killed after its ack of a0 committed, before logging it: the next owner never
+    # sees a0 again, so a0 was acked before it began
+    h = History().publish("a0", 1, 0).scale(4, 6, online=True).publish("a1", 4, 0)
+    h.deliver("a0", 1, 0).restart_consumer().deliver("a1", 4, 0).ack("a1")
+    only(h.check())
+    # ... but within one owner's life a missing ack line is a violation
+    h = History().publish("a0", 1, 0).scale(4, 6, online=True).publish("a1", 4, 0)
+    h.deliver("a0", 1, 0).deliver("a1", 4, 0).ack("a1").restart_consumer()
+    only(h.check(), "key_order_violations")
+    # a publish attempted before the earlier one returned owes it nothing
+    h = History().attempt("a0").attempt("a1").published("a0", 1, 0).published("a1", 4, 0)
+    h.scale(4, 6, online=True).deliver("a1", 4, 0).deliver("a0", 1, 0).ack("a0").ack("a1")
+    only(h.check())
+    # the earlier message sat in a partition an online scale-down deleted: nothing is owed
+    h = History().publish("a0", 5, 0).scale(6, 4, online=True).publish("a1", 1, 0)
+    h.deliver("a1", 1, 0).ack("a1")
+    r = h.check()
+    only(r)
+    assert r["dropped_by_scale_down"] == 1
+
+
 def test_logs_on_disk_torn_tail_and_ownership_order(tmp_path):
     h = History().publish("a", 0, 0).publish("b", 0, 1)
     h.restart_consumer().deliver("a", 0, 0).deliver("b", 0, 1)
@@ -279,3 +324,88 @@ def test_wlog_round_trip(tmp_path):
     events = read_log(tmp_path / "w.jsonl")
     assert [e["op"] for e in events] == ["attempt", "published"] and all("t" in e for e in events)
     assert json.loads(make_payload("a", "k", 3)) == {"id": "a", "key": "k", "pad": "xxx"}
+
+
+# ------------------------------------------------------------------ concurrent consumers
+class Timed(History):
+    """Consumer events with intervals: ``t0`` before the call, ``t`` after it returned."""
+
+    def deliver_at(self, log, mid, p, seq, t0, t, redelivered=False, key="k"):
+        while len(self.cons) <= log:
+            self.cons.append([])
+        self.cons[log].append({"op": "delivered", "id": mid, "key": key, "pkey": key,
+                               "partition": p, "seq": seq, "redelivered": redelivered,
+                               "t0": t0, "t": t})
+        return self
+
+    def ack_at(self, log, mid, t0, t):
+        self.cons[log].append({"op": "acked", "id": mid, "t0": t0, "t": t})
+        return self
+
+
+def timed() -> Timed:
+    h = Timed()
+    h.t = 0.0
+    h.publish("a", 0, 0).publish("b", 1, 0, key="j")   # t 1..4
+    return h
+
+
+def test_concurrent_clean_history_passes():
+    h = timed().deliver_at(0, "a", 0, 0, 10, 11).deliver_at(1, "b", 1, 0, 10.5, 11.5, key="j")
+    h.ack_at(0, "a", 12, 13).ack_at(1, "b", 12, 13)
+    r = h.check(concurrent=True)
+    only(r)
+    assert r["concurrent"] is True and r["delivered"] == 2
+
+
+def test_concurrent_redelivery_must_be_marked_only_when_surely_later():
+    # overlapping intervals: either may have come first, nothing to say
+    h = timed().deliver_at(0, "a", 0, 0, 10, 12).deliver_at(1, "a", 0, 0, 11, 13)
+    h.ack_at(1, "a", 14, 15).deliver_at(1, "b", 1, 0, 16, 17, key="j").ack_at(1, "b", 18, 19)
+    only(h.check(concurrent=True))
+    # the second began after the first returned, unmarked: a violation
+    h = timed().deliver_at(0, "a", 0, 0, 10, 11).deliver_at(1, "a", 0, 0, 12, 13)
+    h.ack_at(1, "a", 14, 15).deliver_at(1, "b", 1, 0, 16, 17, key="j").ack_at(1, "b", 18, 19)
+    only(h.check(concurrent=True), "unmarked_redeliveries")
+
+
+def test_concurrent_delivery_after_an_ack_returned():
+    h = timed().deliver_at(0, "a", 0, 0, 10, 11).ack_at(0, "a", 12, 13)
+    h.deliver_at(1, "a", 0, 0, 14, 15, redelivered=True)
+    h.deliver_at(1, "b", 1, 0, 16, 17, key="j").ack_at(1, "b", 18, 19)
+    only(h.check(concurrent=True), "delivered_after_ack")
+    # begun before the ack returned: it may have been read before the commit
+    h = timed().deliver_at(0, "a", 0, 0, 10, 11).ack_at(0, "a", 12, 14)
+    h.deliver_at(1, "a", 0, 0, 13, 15, redelivered=True)
+    h.deliver_at(1, "b", 1, 0, 16, 17, key="j").ack_at(1, "b", 18, 19)
+    only(h.check(concurrent=True))
+
+
+def test_concurrent_order_within_one_process_life():
+    h = timed().publish("a1", 0, 1)
+    h.deliver_at(0, "a1", 0, 1, 10, 11).deliver_at(0, "a", 0, 0, 12, 13)
+    h.ack_at(0, "a", 14, 15).ack_at(0, "a1", 14, 15)
+    h.deliver_at(0, "b", 1, 0, 16, 17, key="j").ack_at(0, "b", 18, 19)
+    r = h.check(concurrent=True)
+    assert r["order_violations"] and r["partition_order_violations"], r
+    # the same two deliveries in two processes: no order between lives is claimed
+    h = timed().publish("a1", 0, 1)
+    h.deliver_at(0, "a1", 0, 1, 10, 11).deliver_at(1, "a", 0, 0, 12, 13)
+    h.ack_at(1, "a", 14, 15).ack_at(0, "a1", 14, 15)
+    h.deliver_at(1, "b", 1, 0, 16, 17, key="j").ack_at(1, "b", 18, 19)
+    only(h.check(concurrent=True))
+
+
+def test_concurrent_key_order_across_an_online_scaling():
+    h = Timed()
+    h.t = 0.0
+    h.publish("a0", 1, 0).scale(4, 6, online=True).publish("a1", 4, 0)
+    h.deliver_at(0, "a0", 1, 0, 10, 11).deliver_at(1, "a1", 4, 0, 12, 13)
+    h.ack_at(0, "a0", 14, 15).ack_at(1, "a1", 16, 17)
+    only(h.check(concurrent=True), "key_order_violations")
+    h = Timed()
+    h.t = 0.0
+    h.publish("a0", 1, 0).scale(4, 6, online=True).publish("a1", 4, 0)
+    h.deliver_at(0, "a0", 1, 0, 10, 11).ack_at(0, "a0", 12, 13)
+    h.deliver_at(1, "a1", 4, 0, 12.5, 14).ack_at(1, "a1", 16, 17)   # overlaps the ack: fine
+    only(h.check(concurrent=True))
