@@ -35,6 +35,7 @@ bench: $(FULL)
 	$(BIN)/python bench/idle.py
 	$(BIN)/python bench/partitioner.py
 	$(BIN)/python bench/replication.py
+	$(BIN)/python bench/remote.py
 	$(BIN)/python bench/spark_ingest.py
 	$(BIN)/python bench/peers.py
 

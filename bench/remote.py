@@ -16,8 +16,8 @@ Lines (JSON, one per result; ``ratio`` is the median of interleaved pairs, with 
 
 Method: every pair runs partq then its peer, slice after slice (``--pairs``, 7 by default), each
 side warmed first; the ratio of each pair is reported as the median with its min and max; the
-header line carries the load average and CPU count. Client processes start and connect before a
-slice, then all start together.
+first line, ``load_average_at_start``, carries the load average and CPU count. Client processes
+start and connect before a slice, then all start together.
 
     .venv/bin/python bench/remote.py [--quick]
 """
@@ -92,7 +92,10 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
             if flow.partitions:
                 break           # drained
             continue
-        flow.ack_many(msgs)
+        try:
+            flow.ack_many(msgs)
+        except partq.FlowFenced as exc:     # a partition moved meanwhile: count what acked
+            n -= len(exc.messages)
         n += len(msgs)
         last = time.monotonic()
     out.put((n, last))
@@ -143,7 +146,10 @@ def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name:
             if flow.partitions:
                 break
             continue
-        flow.ack_many(msgs)
+        try:
+            flow.ack_many(msgs)
+        except partq.FlowFenced as exc:     # a partition moved meanwhile: count what acked
+            n -= len(exc.messages)
         n += len(msgs)
         last = time.monotonic()
     out.put((n, last))
@@ -365,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = args.pairs or (1 if args.quick else 7)
     seconds = 0.5 if args.quick else 2.0
     prefill = 3_000 if args.quick else 100_000
-    emit({"name": "header", "unit": "", "value": None, "cpus": os.cpu_count(),
+    emit({"name": "load_average_at_start", "unit": "runnable processes",
+          "value": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
           "loadavg": [round(x, 2) for x in os.getloadavg()], "pairs": pairs,
           "slice_seconds": seconds})
     root = tempfile.mkdtemp(prefix="partq-bench-remote-")

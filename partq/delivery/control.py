@@ -44,6 +44,7 @@ VERSION = 1
 MAX_CONTROL_FRAME = 1 << 20
 ACCEPT_POLL = 0.25
 SEND_TIMEOUT = 5            # seconds a send to a peer that stopped reading may block
+PAUSED_AFTER = 2 * ACCEPT_POLL   # a longer gap between liveness checks: this process was paused
 
 
 def query_view(store_path: str, qid: int) -> dict | None:
@@ -182,6 +183,7 @@ class ControlServer:
         self.queue = queue
         self.path = socket_path(store_path, qid)
         self.stopping = False
+        self._last_check = time.monotonic()
         self._connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._address = UnixAddress(self.path)
@@ -229,7 +231,16 @@ class ControlServer:
 
     def _check_liveness(self) -> None:
         timeout = self.dispatcher.consumer_timeout(self.queue)
+        now = time.monotonic()
+        paused = now - self._last_check > max(PAUSED_AFTER, timeout / 2)
+        self._last_check = now
         with self._lock:
+            if paused:
+                # this process itself was stopped (SIGSTOP, a frozen VM): its clients' beats
+                # wait unread in the sockets; silence it did not watch is no evidence
+                for conn in self._connections:
+                    conn.last_seen = max(conn.last_seen, now)
+                return
             quiet = [c for c in self._connections if c.heartbeat_age() > timeout]
         for conn in quiet:
             log.warning("delivery client %s of queue %r sent nothing for %.1f s "

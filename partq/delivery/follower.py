@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from partq import errors
 from partq.config import QueueConfig
 from partq.delivery.cursor import Cursor
+from partq.delivery.holds import Holds, read_cutover
 from partq.delivery.link import OwnerLink
 from partq.delivery.runtime import InvalidAck, fenced_error, fenced_range
 from partq.delivery.state import Assignment
@@ -50,6 +51,7 @@ class FollowerFlow:
         self.queue = group.queue
         self.skip_corrupt = skip_corrupt
         self.cursors: dict[int, Cursor] = {}
+        self.resync: set[int] = set()   # partitions whose cursor must be rebuilt from the store
         self.inflight = 0
         self.rr = 0
         self.pending_error: errors.CorruptRecord | None = None
@@ -70,6 +72,8 @@ class FollowerFlow:
         msgs = dispatcher.wait_for_messages(collect, max_messages, timeout)
         if msgs is None and self.local is not None:   # taken over meanwhile: it receives
             return self.local.receive(max_messages, timeout)
+        if msgs:
+            dispatcher.tally.delivered(self.queue, msgs)
         return msgs or []
 
     def ack_async(self, msgs: Iterable[Message]):
@@ -86,6 +90,7 @@ class FollowerFlow:
         if self.local is not None:
             return self.local.nack(msg)
         self.group.nack(self, msg)
+        self.group.dispatcher.tally.nacked(self.queue)
 
     def unbind(self) -> None:
         if self.local is not None:
@@ -217,10 +222,15 @@ class FollowerQueue:
             delay = min(delay * 2, FAILOVER_BACKOFF[1])
 
     def _to_local(self, flow: FollowerFlow) -> None:
+        if flow.reason is not None:
+            return              # the application unbound it while the owner was gone
         hint = sorted(flow.last_partitions)
         endpoint = self.dispatcher.bind_local(self.queue, flow.name, hint or None,
                                               flow.skip_corrupt)
         with self.lock:
+            if flow.reason is not None:     # ... or while it was being bound again here
+                endpoint.unbind()
+                return
             if flow.callback is not None:
                 endpoint.on_change(flow.callback)
             flow.local = endpoint
@@ -229,15 +239,24 @@ class FollowerQueue:
         self.dispatcher.notify()
 
     def _rebind(self, flow: FollowerFlow) -> None:
+        if flow.reason is not None:
+            return              # the application unbound it while the owner was gone
         hint = sorted(flow.last_partitions)
         reply = self._link.request({"op": "bind", "name": flow.name, "hint": hint or None,
                                "skip_corrupt": flow.skip_corrupt})
         with self.lock:
-            self.flows.pop(flow.flow_id, None)
-            flow.flow_id = str(reply["flow"])
-            flow.cursors.clear()           # the new epochs deliver from the ack floor again
-            flow.inflight = 0
-            self.flows[flow.flow_id] = flow
+            gone = flow.reason is not None  # ... or while it was being bound again
+            if not gone:
+                self.flows.pop(flow.flow_id, None)
+                flow.flow_id = str(reply["flow"])
+                flow.cursors.clear()       # the new epochs deliver from the ack floor again
+                flow.inflight = 0
+                self.flows[flow.flow_id] = flow
+        if gone:
+            try:
+                self._link.send({"op": "unbind", "req": 0, "flow": str(reply["flow"])})
+            except OSError:
+                pass            # the owner went again: its successor drops it as a ghost
         self.dispatcher.notify()
 
     # ------------------------------------------------------------------ flows
@@ -312,11 +331,14 @@ class FollowerQueue:
                 if not ready:
                     return []
                 flow.rr = (flow.rr + 1) % len(ready)
+                cutover = read_cutover(r, self.qid)
+                holds = Holds(cutover, r, self.qid) if cutover is not None else None
                 for sp in ready[flow.rr:] + ready[:flow.rr]:
                     if len(out) >= want:
                         break
                     cursor = flow.cursors[sp]
-                    cursor.take(r, self.qid, self.queue, flow, want, out, skipped)
+                    cursor.take(r, self.qid, self.queue, flow, want, out, skipped,
+                                holds.gate(sp) if holds is not None else None)
                     mark = cursor.mark(r, self.qid)
                     if mark is not None:
                         marks[sp] = mark
@@ -351,8 +373,11 @@ class FollowerQueue:
         """Drop the cursors of partitions the flow lost (or holds under a new epoch: delivered
         again from the ack floor) and start one for each partition it gained."""
         now = {sp: epoch for _, sp, epoch in held}
+        resync = set()
+        while flow.resync:                    # filled by the writer thread (a refused ack)
+            resync.add(flow.resync.pop())
         for sp, cursor in list(flow.cursors.items()):
-            if now.get(sp) != cursor.epoch:
+            if now.get(sp) != cursor.epoch or sp in resync:
                 flow.inflight -= len(cursor.inflight)
                 del flow.cursors[sp]
         for sp, epoch in now.items():
@@ -360,9 +385,17 @@ class FollowerQueue:
                 flow.cursors[sp] = Cursor(sp, r.ack_state(self.qid, sp), epoch)
 
     def ack(self, flow: FollowerFlow, msgs: list[Message]):
-        """Apply acks in memory and queue their write, fenced in the write transaction."""
+        """Apply acks in memory and queue their write, fenced in the write transaction.
+
+        The assignment is read again first, so an ack of a partition that moved since the last
+        receive is fenced before anything changes. If it moves between that read and the
+        commit, the write is refused whole (nothing acked, as on the owner) and the cursors of
+        the batch are marked for a resync from the durable state: the in-memory acks that did
+        not commit are forgotten and those messages delivered again."""
         by_sp: dict[int, list[int]] = {}
         with self.lock:
+            with self.store.read() as r:
+                self._sync_cursors(flow, self._read_assignment(r).held_by(flow.flow_id), r)
             fenced = []
             for m in msgs:
                 if m.queue != self.queue:
@@ -398,6 +431,7 @@ class FollowerQueue:
             lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
                     if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
             if lost:
+                flow.resync.update(by_sp)     # the in-memory acks of the batch did not commit
                 raise fenced_error(name, flow, lost, "acked")
             for sp, seqs in by_sp.items():
                 w.ack(qid, sp, seqs)
@@ -427,6 +461,7 @@ class FollowerQueue:
             raw = w.queue(name)
             if raw is None or not Assignment(QueueConfig.from_dict(raw), w.state(qid)) \
                     .holds(flow_id, sp, epoch):
+                flow.resync.add(sp)
                 raise fenced_range(name, flow, sp, seq)
             w.ack_through(qid, sp, seq)
         pending = self.store.submit(op)

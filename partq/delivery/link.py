@@ -22,6 +22,11 @@ from partq.wire import FrameError, recv_frame, send_frame
 
 CONNECT_TIMEOUT = 5.0      # seconds to reach an owner's socket before giving up
 REQUEST_TIMEOUT = 10.0
+
+
+class OwnerLost(DeliveryLocked):
+    """The owner's connection closed under a request: it died or closed, and a new owner
+    (maybe this process) takes over shortly; the request may be retried."""
 SEND_POLL = 0.02           # seconds between looks at the outbox
 
 
@@ -88,14 +93,13 @@ class OwnerLink:
                 raise DeliveryLocked(f"the delivery owner of queue {self.queue!r} did not answer "
                                      f"within {REQUEST_TIMEOUT:g} s")
         except OSError as exc:
-            raise DeliveryLocked(f"lost the delivery owner of queue {self.queue!r}: {exc}") \
-                from None
+            raise OwnerLost(f"lost the delivery owner of queue {self.queue!r}: {exc}") from None
         finally:
             with self._requests_lock:
                 self._requests.pop(req, None)
         reply = slot[1]
         if reply is None:
-            raise DeliveryLocked(f"lost the delivery owner of queue {self.queue!r}; retry")
+            raise OwnerLost(f"lost the delivery owner of queue {self.queue!r}; retry")
         if reply.get("op") == "error":
             cls = getattr(errors, str(reply.get("error")), PartqError)
             if not (isinstance(cls, type) and issubclass(cls, PartqError)):

@@ -1,0 +1,70 @@
+"""Acks from a flow served by another process's delivery owner (S29, S33), step by step: an
+ack batch that spans a partition the flow lost is refused whole, and acking the rest afterwards
+is durable (a lost partition must not leave acks in the follower's memory that never commit)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import partq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Scripted:
+    def __init__(self, data: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "scripted_proc.py"),
+                                      data, "q"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+
+    def __call__(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the scripted consumer exited with {self.proc.wait()}"
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+def test_an_ack_batch_over_a_lost_partition_then_the_rest(tmp_path):
+    data = str(tmp_path / "data")
+    clock = partq.ManualClock(100.0)
+    owner = partq.Broker.open(data, clock=clock)
+    b = Scripted(data)
+    try:
+        owner.create_queue("q", partitions=4, rebalance_delay=1.0, max_handoff_time=0.0,
+                           consumer_timeout=600)
+        owner.bind("q", name="a")                       # this process owns delivery
+        assert b(op="bind", name="b")["ok"]
+        clock.advance(1.1)
+        owner.tick()                                    # the holddown ends: b gets 2 of 4
+        mine = b(op="partitions")["partitions"]
+        assert len(mine) == 2
+        owner.publish_many("q", [(b"x", None) for _ in range(40)])
+        got = b(op="receive", max=100)["messages"]
+        assert {p for p, _ in got} == set(mine)
+        c = owner.bind("q", name="c")                   # b loses one partition to c
+        clock.advance(1.1)
+        owner.tick()
+        kept = set(b(op="partitions")["partitions"])
+        lost = set(mine) - kept
+        assert len(kept) == 1 and len(lost) == 1, (mine, kept)
+        refused = b(op="ack", messages=got)
+        assert refused == {"ok": False, "error": "FlowFenced",
+                           "messages": [m for m in got if m[0] in lost]}
+        (p_kept,) = kept
+        rest = [m for m in got if m[0] == p_kept]
+        assert b(op="ack", messages=rest) == {"ok": True}
+        status = {p.partition: p for p in owner.queue_status("q").partitions}
+        assert status[p_kept].ack_floor == max(s for _, s in rest) + 1, "the acks did not commit"
+        c.unbind()
+    finally:
+        b.close()
+        owner.close()
