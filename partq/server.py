@@ -12,6 +12,8 @@ One session per connection. Requests carry an id and are answered in order of co
     nack {flow, id: [partition, seq]}       -> ok {upto}  (answered by the flow's pump)
     unbind {flow}                           -> ok
     status {queue}                          -> status {status}
+    queues {}                               -> queues {queues: [name, ...]}
+    replication {}                          -> replication {replication}
     beat                                     (no answer; any frame keeps a session alive)
     errors: error {req, error, message[, messages]}
 
@@ -161,6 +163,12 @@ class Session:
             elif op == "status":
                 status = self.broker.queue_status(str(frame.get("queue")))
                 self.send({"op": "status", "req": req, "status": status.as_dict()})
+            elif op == "queues":          # partq top --address
+                self.send({"op": "queues", "req": req,
+                           "queues": sorted(c.name for c in self.broker.queues())})
+            elif op == "replication":
+                self.send({"op": "replication", "req": req,
+                           "replication": self.broker.replication_status().as_dict()})
             else:
                 raise FrameError(f"unknown request {op!r}")
         except PartqError as exc:

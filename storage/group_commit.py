@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from _thread import allocate_lock
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class GroupCommitWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._listeners: list[Callable[[int], None]] = []
+        self._stats_listeners: list[Callable[[float, int, int], None]] = []
         self.commits = 0          # counters for stats and benchmarks
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
@@ -93,6 +95,16 @@ class GroupCommitWriter:
     def remove_listener(self, fn: Callable[[int], None]) -> None:
         if fn in self._listeners:
             self._listeners.remove(fn)
+
+    def add_stats_listener(self, fn: Callable[[float, int, int], None]) -> None:
+        """Call ``fn(seconds, operations, appended)`` in the writer thread after every commit:
+        how long its transaction and fsync took, how many operations and appended records it
+        carried (the metrics' commit histograms). Must be quick."""
+        self._stats_listeners.append(fn)
+
+    def remove_stats_listener(self, fn: Callable[[float, int, int], None]) -> None:
+        if fn in self._stats_listeners:
+            self._stats_listeners.remove(fn)
 
     def submit(self, op: Callable[[Writer], object]) -> Pending:
         pending = Pending(op)
@@ -125,6 +137,7 @@ class GroupCommitWriter:
             self._commit(batch)
 
     def _commit(self, batch: list[Pending]) -> None:
+        started = time.perf_counter()
         try:
             outcome = self._run_batch(batch)
         except BaseException as exc:  # every failure reaches its caller
@@ -134,6 +147,7 @@ class GroupCommitWriter:
                 for item in batch:
                     self._commit([item])
             return
+        elapsed = time.perf_counter() - started
         results, lsn, replicated, appended = outcome
         if crashpoints.ENABLED:
             crashpoints.hit("after_commit_before_return")
@@ -152,6 +166,8 @@ class GroupCommitWriter:
             gate.hold(lsn, [p for p, _ in held], [r for _, r in held])
         for fn in self._listeners:
             fn(appended)
+        for stats in self._stats_listeners:
+            stats(elapsed, len(batch), appended)
 
     def _run_batch(self, batch) -> tuple[list, int, list[bool], int]:
         """Run the batch in one transaction; return the results, the commit's LSN (0 when no

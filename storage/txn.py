@@ -49,6 +49,9 @@ DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "stagi
 _U32_MAX = 0xFFFFFFFF
 _QID = struct.Struct(">I")
 _QUEUE_META = b"q/"
+# queue meta: messages dropped unacked with their partition (a scale-down, a change to exclusive):
+# published = acked + backlog + removed, so the acked count follows from stored state
+QUEUE_REMOVED = b"removed"
 
 
 def queue_meta_key(qid: int, name: bytes) -> bytes:
@@ -210,6 +213,33 @@ class Reader:
         for k in self._txn.cursor(db=self._dbs["staging"]).iternext(values=False):
             counts[k[:width]] = counts.get(k[:width], 0) + 1
         return counts
+
+    def heads(self, qid: int) -> dict[int, int]:
+        """The head of every partition queue id ``qid`` ever had, dropped ones included (a head
+        outlives its partition so that sequences are never reused): the sum is how many
+        messages the queue ever took."""
+        prefix = _QID.pack(qid)
+        cur = self._txn.cursor(db=self._dbs["heads"])
+        out: dict[int, int] = {}
+        if cur.set_range(prefix):
+            for k, v in cur:
+                if not k.startswith(prefix):
+                    break
+                out[int.from_bytes(k[4:8], "big")] = unpack_u64(v)
+        return out
+
+    def chunk_sizes(self, qid: int, partition: int, start: int) -> list[tuple[int, int]]:
+        """(last seq, stored bytes) of every chunk of the partition's log holding a seq >=
+        ``start``, in order (O(chunks): callers remember where they stopped)."""
+        cur = self._txn.cursor(db=self._dbs["log"])
+        out: list[tuple[int, int]] = []
+        if cur.set_range(log_key(qid, partition, start)):
+            prefix = partition_key(qid, partition)
+            for k, v in cur:
+                if k[:8] != prefix:
+                    break
+                out.append((int.from_bytes(k[8:], "big"), len(v)))
+        return out
 
     def first_seq(self, qid: int, partition: int) -> int | None:
         found = self.records(qid, partition, 0, 1)
@@ -452,6 +482,14 @@ class Writer(Reader):
         """Delete a partition's messages and ack state; keep its head so seqs are never reused.
         Returns how many records went."""
         n = self.stored_count(qid, partition)
+        if self.has_partition(qid, partition):
+            # count the backlog it drops (not a change of its own: a standby applying this
+            # drop counts the same)
+            removed = self.ack_state(qid, partition).backlog(self.head(qid, partition))
+            raw = self.queue_meta(qid, QUEUE_REMOVED)
+            self._txn.put(queue_meta_key(qid, QUEUE_REMOVED),
+                          pack_u64(removed + (0 if raw is None else unpack_u64(raw))),
+                          db=self._dbs["meta"])
         self.truncate(qid, partition, (1 << 64) - 1)
         self._txn.delete(partition_key(qid, partition), db=self._dbs["acks"])
         self._change("drop_partition", qid, partition)

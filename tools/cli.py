@@ -30,36 +30,72 @@ class PartqGroup(click.Group):
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+DATA_HELP = "The partq store directory (also from $PARTQ_DATA)."
+
+
 @click.group("partq", cls=PartqGroup, context_settings=CONTEXT)
 @click.option("--data", envvar="PARTQ_DATA", default="partq-data", show_default=True,
-              metavar="DIR", help="The partq store directory (also from $PARTQ_DATA).")
+              metavar="DIR", help=DATA_HELP)
 @click.version_option(partq.__version__, "--version", prog_name="partq",
                       message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, data: str) -> None:
     """Administer a partq store: queues, messages, scaling, checks.
 
-    Every command takes --json for machine output. Exit status: 0 success, 1 an error (one line
-    on stderr saying what to do), 2 a usage error.
+    --data DIR (or $PARTQ_DATA) names the store; it may also follow the command (partq queue
+    list --data DIR). Every command takes --json for machine output: one JSON object, or one
+    object per line for the commands that stream (inspect, consume, scale, standby). Exit
+    status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error.
     """
     ctx.obj = App(data)
 
 
+def _set_data(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(App).data = value
+
+
+def _leaves(group: click.Group):
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _leaves(command)
+        else:
+            yield command
+
+
+def _add_data_option(command: click.Command) -> None:
+    """``--data DIR`` after the command too (``partq queue list --data DIR``): the same setting
+    as the group's, which it overrides. A command with a --data of its own (demo) keeps it."""
+    if any("--data" in getattr(p, "opts", ()) for p in command.params):
+        return
+    command.params.append(click.Option(["--data"], metavar="DIR", expose_value=False,
+                                       callback=_set_data, help=DATA_HELP))
+
+
 def _register() -> None:
     from partq.tools import (
+        consume_cmds,
         copy_cmds,
         dr_cmds,
         inspect_cmds,
+        publish_cmds,
         queue_cmds,
+        rebalance_cmds,
         scale_cmds,
         serve_cmds,
         store_cmds,
+        top_cmds,
         verify_cmds,
     )
-    for command in (store_cmds.init, queue_cmds.queue, inspect_cmds.inspect, copy_cmds.copy_out,
-                    scale_cmds.scale, verify_cmds.verify, store_cmds.stats, store_cmds.demo,
-                    dr_cmds.standby, dr_cmds.dr, serve_cmds.serve):
+    for command in (store_cmds.init, queue_cmds.queue, publish_cmds.publish,
+                    consume_cmds.consume, inspect_cmds.inspect, copy_cmds.copy_out,
+                    copy_cmds.copy_in, scale_cmds.scale, rebalance_cmds.rebalance,
+                    verify_cmds.verify, store_cmds.stats,
+                    store_cmds.demo, dr_cmds.standby, dr_cmds.dr, serve_cmds.serve,
+                    top_cmds.top):
         cli.add_command(command)
+    for command in _leaves(cli):
+        _add_data_option(command)
 
 
 _register()

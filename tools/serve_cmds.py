@@ -22,8 +22,11 @@ LOG_FORMATS = ("text", "json")
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": round(record.created, 3), "level": record.levelname.lower(),
-                           "logger": record.name, "message": record.getMessage()})
+        doc = {"time": round(record.created, 3), "level": record.levelname.lower(),
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -63,6 +66,9 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
                    "often: its queues' consumer timeout applies).")
 @click.option("--max-frame", type=click.IntRange(1024), default=16 << 20, show_default=True,
               help="Largest frame, in bytes, a client may send.")
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="Serve Prometheus metrics over HTTP on this address (GET /metrics; an empty "
+                   "HOST is 127.0.0.1; see docs/operations.md).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="Least severe log lines written.")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
@@ -71,7 +77,7 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @pass_app
 def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | None,
           tls_key: str | None, max_connections: int, idle_timeout: float, max_frame: int,
-          log_level: str, log_format: str, out: Output) -> None:
+          metrics_listen: str | None, log_level: str, log_format: str, out: Output) -> None:
     """Run delivery (and, with --listen, publishing) of every queue in --data DIR until
     SIGTERM or Ctrl-C.
 
@@ -96,17 +102,33 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
         else:
             for config in broker.queues():
                 broker.dispatcher.take_over(config.name)
+        metrics = None
+        if metrics_listen is not None:
+            from partq.metrics import MetricsServer
+            listener = server.listener if server is not None else None
+            try:
+                metrics = MetricsServer(broker, metrics_listen, connections=None if listener is None
+                                        else lambda: {"serve": listener.connections()})
+            except BaseException:
+                if server is not None:
+                    server.close()
+                raise
         started = {"serving": app.path, "listen": server.address if server else None,
                    "tls": context is not None, "token": token is not None,
+                   "metrics": metrics.address if metrics else None,
                    "queues": [c.name for c in broker.queues()]}
         if out.json:
             out.doc(started)
         else:
             out.echo(f"serving {app.path}" + (f" on {server.address}" if server else "")
-                     + (" with TLS" if context else "") + "; stop with Ctrl-C or SIGTERM")
+                     + (" with TLS" if context else "")
+                     + (f", metrics on http://{metrics.address}/metrics" if metrics else "")
+                     + "; stop with Ctrl-C or SIGTERM")
         sys.stdout.flush()
         while not stop.wait(0.5):
             pass
+        if metrics is not None:
+            metrics.close()
         if server is not None:
             server.close()
     logging.getLogger("partq.server").info("stopped at %s", time.strftime("%H:%M:%S"))
