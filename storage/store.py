@@ -12,8 +12,6 @@ from no other process: a Store used after ``fork()`` raises ``UsedAcrossFork``.
 from __future__ import annotations
 
 import os
-import platform
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +30,9 @@ from partq.storage.errors import (
     StorageFull,
     UsedAcrossFork,
 )
+from partq.storage.files import DEFAULT_FILE_MODE, chmod_own, file_mode_of, prepare_directory
 from partq.storage.txn import DB_NAMES, Reader, Writer
+from partq.storage.writelock import WRITE_LOCK_POLL, stuck_writer, write_lock
 
 T = TypeVar("T")
 
@@ -41,20 +41,6 @@ DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
 RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
-WRITE_LOCK_POLL = 0.02               # seconds between looks at a write lock held elsewhere
-STUCK_WRITER_AFTER = 2.0             # seconds one commit may hold the lock before open stops waiting
-_LOCK_MAGIC = 0xBEEFC0DE             # LMDB's lock.mdb magic (MDB_MAGIC)
-_WMUTEX_OFFSET = 64                  # LMDB's writer mutex in lock.mdb (see _write_lock)
-_TXNID_OFFSET = 48                   # LMDB's last committed txnid in lock.mdb
-_FUTEX_TID_MASK = 0x3FFFFFFF
-# Modes of what partq creates in a store directory, whatever the umask (as PostgreSQL keeps its
-# data directory): the directory 0700, data.mdb and lock.mdb 0600. PARTQ_FILE_MODE=0640 (or
-# ``Store.open(file_mode=0o640)``) lets the owner's group read them (the directory then 0750).
-DEFAULT_FILE_MODE = 0o600
-FILE_MODE_ENV = "PARTQ_FILE_MODE"
-# what partq itself puts in a store directory
-_PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}
-
 _registry: dict[str, Store] = {}
 _registry_lock = threading.Lock()
 
@@ -192,7 +178,7 @@ class Store:
             raise InvalidConfig(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         if map_size <= 0 or max_map_size < map_size:
             raise InvalidConfig("need 0 < map_size <= max_map_size")
-        mode = _file_mode(file_mode)
+        mode = file_mode_of(file_mode)
         real = os.path.realpath(os.fspath(path))
         with _registry_lock:
             store = _registry.get(real)
@@ -209,7 +195,7 @@ class Store:
                                         f"same max_map_size (or share the Broker)")
                 store._refs += 1
                 return store
-            _prepare_directory(real, create, mode)
+            prepare_directory(real, create, mode)
             store = cls(real, durability, map_size, max_map_size, mode)
             _registry[real] = store
             return store
@@ -220,7 +206,7 @@ class Store:
         create it (or finish a creation cut short)."""
         holder = None
         if os.path.exists(os.path.join(self.path, "data.mdb")):
-            holder = self._stuck_writer()
+            holder = stuck_writer(self.path)
         if holder is not None:
             self.report.write_lock_holder = holder
             env = self._open_env(map_size, readonly=True)
@@ -250,7 +236,7 @@ class Store:
                                 readonly=readonly, mode=self.file_mode)
                 if fresh:     # LMDB applies the umask to ``mode``: set it exactly
                     for name in ("data.mdb", "lock.mdb"):
-                        _chmod_own(os.path.join(self.path, name), self.file_mode)
+                        chmod_own(os.path.join(self.path, name), self.file_mode)
                 break
             except lmdb.MapResizedError:
                 # another process grew the map between LMDB's open and its first transaction
@@ -328,25 +314,6 @@ class Store:
             raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         return dbs
 
-    def _stuck_writer(self) -> int | None:
-        """The pid of a process stuck inside a commit: stopped (SIGSTOP, a debugger), or holding
-        LMDB's write lock for ``STUCK_WRITER_AFTER`` seconds while no commit ends. None when
-        the lock is free or commits go on (this open then waits its turn, as writers do)."""
-        deadline = time.monotonic() + STUCK_WRITER_AFTER
-        first = None
-        while (lock := _write_lock(self.path)) is not None:
-            pid, txnid, stopped = lock
-            if stopped:
-                return pid
-            if first is None:
-                first = txnid
-            elif txnid != first:
-                return None
-            if time.monotonic() >= deadline:
-                return pid
-            time.sleep(WRITE_LOCK_POLL)
-        return None
-
     def _make_writable(self) -> None:
         """Reopen a store opened read-only for writing, before this process's first write.
         While the writer that holds LMDB's write lock is stopped it waits (this write would
@@ -355,7 +322,7 @@ class Store:
         holds a read itself (an ack computed in a read) waits parked: its transaction ends with
         the readonly environment, which it must not use again."""
         with self._gate.parked(), self._upgrade_lock:
-            while self._env_readonly and (lock := _write_lock(self.path)) is not None \
+            while self._env_readonly and (lock := write_lock(self.path)) is not None \
                     and lock[2]:
                 time.sleep(WRITE_LOCK_POLL)
             self._reopen_writable()
@@ -620,72 +587,10 @@ class Store:
         self.close()
 
 
-def write_lock_holder(path: str) -> int | None:
-    """The pid of the live process that holds LMDB's write lock on the store in ``path`` (a
-    commit under way, or a process stopped inside one), or None: free, held by a process that
-    died (LMDB recovers it), or unknown on this platform."""
-    lock = _write_lock(path)
-    return None if lock is None else lock[0]
-
-
-def _write_lock(path: str) -> tuple[int, int, bool] | None:
-    """(holder pid, LMDB's last committed txnid, whether the holder is stopped) while a live
-    process holds the store's write lock; else None.
-
-    LMDB keeps its writer mutex in ``lock.mdb``: a process-shared robust pthread mutex at
-    offset 64 (the second 64-byte cache line, after the reader mutex, the last txnid at offset
-    48 and the reader count), whose first word glibc sets to the owning thread's id. That
-    layout is read only on Linux with glibc, after checking the file's magic number."""
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        with open(os.path.join(path, "lock.mdb"), "rb") as f:
-            head = f.read(_WMUTEX_OFFSET + 4)
-    except OSError:
-        return None
-    if len(head) < _WMUTEX_OFFSET + 4 or int.from_bytes(head[:4], sys.byteorder) != _LOCK_MAGIC:
-        return None
-    tid = int.from_bytes(head[_WMUTEX_OFFSET:_WMUTEX_OFFSET + 4], sys.byteorder) & _FUTEX_TID_MASK
-    if tid == 0:
-        return None
-    txnid = int.from_bytes(head[_TXNID_OFFSET:_TXNID_OFFSET + 8], sys.byteorder)
-    try:
-        with open(f"/proc/{tid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        pid, state = int(fields["Tgid"]), fields["State"].split()[0]
-    except (OSError, KeyError, ValueError, IndexError):
-        return None              # its holder died: the next writer recovers the lock
-    return pid, txnid, state in ("T", "t")
-
-
 def _fork_message(path: str, parent: int) -> str:
     return (f"{path} was opened by process {parent}, and this process ({os.getpid()}) is a fork "
             f"of it: LMDB environments cannot be used or opened again in a forked child. Open the "
             f"store only after forking, or start children with multiprocessing's 'spawn' method")
-
-
-def _file_mode(given: int | None) -> int:
-    """The mode of a new store's data files: ``given``, else ``$PARTQ_FILE_MODE``, else 0600.
-    Owner read and write are required; execute and special bits are refused."""
-    if given is None:
-        raw = os.environ.get(FILE_MODE_ENV)
-        if not raw:
-            return DEFAULT_FILE_MODE
-        try:
-            given = int(raw, 8)
-        except ValueError:
-            raise InvalidConfig(f"${FILE_MODE_ENV}={raw!r} is not an octal file mode; use e.g. "
-                                f"0600 (the default) or 0640") from None
-    if type(given) is not int or given & ~0o666 or given & 0o600 != 0o600:
-        raise InvalidConfig(f"file_mode {given!r} must give the owner read and write and no execute "
-                            f"or special bits: e.g. 0o600 (the default) or 0o640")
-    return given
-
-
-def _dir_mode(file_mode: int) -> int:
-    """The directory mode that goes with a file mode: search where read is allowed (0640 ->
-    0750)."""
-    return file_mode | ((file_mode & 0o444) >> 2)
 
 
 def _begin_adopting(env: lmdb.Environment, write: bool = False) -> lmdb.Transaction:
@@ -697,27 +602,3 @@ def _begin_adopting(env: lmdb.Environment, write: bool = False) -> lmdb.Transact
         except lmdb.MapResizedError:
             env.set_mapsize(0)
     return env.begin(write=write)
-
-
-def _chmod_own(path: str, mode: int) -> None:
-    """Set the mode of a path this process just created (umask ignored)."""
-    os.chmod(path, mode)
-
-
-def _prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MODE) -> None:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise NotAPartqStore(f"{path} is a file, not a partq directory")
-    if not os.path.exists(path):
-        if not create:
-            raise NotAPartqStore(f"{path} does not exist; create it with `partq --data {path} init`")
-        os.makedirs(path, mode=_dir_mode(file_mode), exist_ok=True)
-        _chmod_own(path, _dir_mode(file_mode))      # exactly, whatever the umask
-        return
-    entries = set(os.listdir(path))
-    if "data.mdb" not in entries and not create:
-        raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
-    if "data.mdb" not in entries and entries - _PARTQ_FILES:
-        raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
-                             f"directory")
-    if "data.mdb" not in entries and os.stat(path).st_uid == os.getuid():
-        _chmod_own(path, _dir_mode(file_mode))     # a store is made here: as initdb does

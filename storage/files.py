@@ -1,0 +1,62 @@
+"""The store directory and the modes of what partq creates in it."""
+from __future__ import annotations
+
+import os
+
+from partq.storage.errors import InvalidConfig, NotAPartqStore
+
+# Modes of what partq creates in a store directory, whatever the umask (as PostgreSQL keeps its
+# data directory): the directory 0700, data.mdb and lock.mdb 0600. PARTQ_FILE_MODE=0640 (or
+# ``Store.open(file_mode=0o640)``) lets the owner's group read them (the directory then 0750).
+DEFAULT_FILE_MODE = 0o600
+FILE_MODE_ENV = "PARTQ_FILE_MODE"
+# what partq itself puts in a store directory
+PARTQ_FILES = {"data.mdb", "lock.mdb", "delivery-locks", "standby.lock"}
+
+
+def file_mode_of(given: int | None) -> int:
+    """The mode of a new store's data files: ``given``, else ``$PARTQ_FILE_MODE``, else 0600.
+    Owner read and write are required; execute and special bits are refused."""
+    if given is None:
+        raw = os.environ.get(FILE_MODE_ENV)
+        if not raw:
+            return DEFAULT_FILE_MODE
+        try:
+            given = int(raw, 8)
+        except ValueError:
+            raise InvalidConfig(f"${FILE_MODE_ENV}={raw!r} is not an octal file mode; use e.g. "
+                                f"0600 (the default) or 0640") from None
+    if type(given) is not int or given & ~0o666 or given & 0o600 != 0o600:
+        raise InvalidConfig(f"file_mode {given!r} must give the owner read and write and no execute "
+                            f"or special bits: e.g. 0o600 (the default) or 0o640")
+    return given
+
+
+def dir_mode(file_mode: int) -> int:
+    """The directory mode that goes with a file mode: search where read is allowed (0640 ->
+    0750)."""
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def chmod_own(path: str, mode: int) -> None:
+    """Set the mode of a path this process just created (umask ignored)."""
+    os.chmod(path, mode)
+
+
+def prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MODE) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotAPartqStore(f"{path} is a file, not a partq directory")
+    if not os.path.exists(path):
+        if not create:
+            raise NotAPartqStore(f"{path} does not exist; create it with `partq --data {path} init`")
+        os.makedirs(path, mode=dir_mode(file_mode), exist_ok=True)
+        chmod_own(path, dir_mode(file_mode))      # exactly, whatever the umask
+        return
+    entries = set(os.listdir(path))
+    if "data.mdb" not in entries and not create:
+        raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
+    if "data.mdb" not in entries and entries - PARTQ_FILES:
+        raise NotAPartqStore(f"{path} holds other files and no partq store; pass a new or empty "
+                             f"directory")
+    if "data.mdb" not in entries and os.stat(path).st_uid == os.getuid():
+        chmod_own(path, dir_mode(file_mode))     # a store is made here: as initdb does
