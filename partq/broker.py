@@ -23,7 +23,7 @@ from partq.clock import SystemClock
 from partq.config import USER_SETTABLE, QueueConfig
 from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holder
 from partq.delivery.holds import clear_cutover
-from partq.delivery.runtime import delivery_layout
+from partq.delivery.layout import delivery_layout
 from partq.delivery.state import decode_state
 from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
@@ -154,36 +154,44 @@ class Broker:
             auto_tick = isinstance(clock, SystemClock)
         broker = cls(store, clock, random.Random(seed), auto_tick)
         try:
-            with store.read() as r:
-                broker._standby = r.meta(b"role") == b"standby"
-            if standby_of:
-                if not broker._standby:
-                    if broker.queues():
-                        raise InvalidConfig(f"{broker.path} already holds queues; a DR-standby must "
-                                            f"start from a new directory")
-                    store.write(lambda w: w.put_local_meta(b"role", b"standby"))
-                    broker._standby = True
-                broker._follower = StandbyFollower(store, standby_of, repl)
-            elif not broker._standby:
-                for config in broker.queues():
-                    if config.scaling_status != ScalingState.READY:
-                        scaling.finish_scaling(broker, config.name,
-                                               scaling_log(config.name, "finishing at open: "))
-                if replication_listen:
-                    broker._replication = ReplicationServer(store, replication_listen,
-                                                            replication_mode, sync_timeout, repl)
-                else:       # bounds the change log this process writes while slots exist
-                    SlotKeeper(store, repl.slot_keep(store.max_map_size))
-            log_open_report(broker)
-            if replication_listen or standby_of:
-                broker._link_watch = LinkWatch(broker.replication_status)
-            if metrics_listen is not None:
-                from partq.metrics import MetricsServer
-                broker._metrics = MetricsServer(broker, metrics_listen)
+            broker._start_roles(standby_of, replication_listen, replication_mode, sync_timeout, repl,
+                                metrics_listen)
         except BaseException:
             broker.close()
             raise
         return broker
+
+    def _start_roles(self, standby_of, replication_listen, replication_mode, sync_timeout, repl,
+                     metrics_listen) -> None:
+        """Take the directory's replication role (standby, primary serving standbys, or neither),
+        finish a scaling an earlier process left, report the open, start the metrics server."""
+        store = self._store
+        with store.read() as r:
+            self._standby = r.meta(b"role") == b"standby"
+        if standby_of:
+            if not self._standby:
+                if self.queues():
+                    raise InvalidConfig(f"{self.path} already holds queues; a DR-standby must "
+                                        f"start from a new directory")
+                store.write(lambda w: w.put_local_meta(b"role", b"standby"))
+                self._standby = True
+            self._follower = StandbyFollower(store, standby_of, repl)
+        elif not self._standby:
+            for config in self.queues():
+                if config.scaling_status != ScalingState.READY:
+                    scaling.finish_scaling(self, config.name,
+                                       scaling_log(config.name, "finishing at open: "))
+            if replication_listen:
+                self._replication = ReplicationServer(store, replication_listen,
+                                                    replication_mode, sync_timeout, repl)
+            else:       # bounds the change log this process writes while slots exist
+                SlotKeeper(store, repl.slot_keep(store.max_map_size))
+        log_open_report(self)
+        if replication_listen or standby_of:
+            self._link_watch = LinkWatch(self.replication_status)
+        if metrics_listen is not None:
+            from partq.metrics import MetricsServer
+            self._metrics = MetricsServer(self, metrics_listen)
 
     # ------------------------------------------------------------------ replication
     def _check_writable(self) -> None:

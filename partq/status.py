@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from partq.config import QueueConfig
 from partq.delivery.holds import hold_report, read_cutover
-from partq.delivery.runtime import delivery_layout
+from partq.delivery.layout import delivery_layout
 from partq.delivery.state import DeliveryView, SlotView, decode_state, stored_view
 from partq.publishing import discarded_count
 from partq.scaling import read_procedure

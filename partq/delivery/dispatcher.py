@@ -31,10 +31,11 @@ from collections.abc import Iterable
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
 from partq.delivery.control import ControlServer, query_view
 from partq.delivery.endpoint import LocalEndpoint
+from partq.delivery.flow_state import FlowState
 from partq.delivery.follower import FAILOVER_BACKOFF, FollowerQueue
 from partq.delivery.link import REQUEST_TIMEOUT, OwnerLost
 from partq.delivery.lock import DeliveryLock
-from partq.delivery.runtime import FlowState, QueueDelivery
+from partq.delivery.runtime import QueueDelivery
 from partq.delivery.state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
 from partq.errors import DeliveryLocked, InvalidConfig, PartqError, QueueNotFound

@@ -9,7 +9,8 @@ from partq.message import FlowChangeUpdate, Message
 
 if TYPE_CHECKING:
     from partq.delivery.dispatcher import Dispatcher
-    from partq.delivery.runtime import FlowState, QueueDelivery
+    from partq.delivery.flow_state import FlowState
+    from partq.delivery.runtime import QueueDelivery
 
 
 class LocalEndpoint:

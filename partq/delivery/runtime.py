@@ -17,120 +17,24 @@ flight, the delivered mark); per flow a ``FlowState``.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
 from partq.config import QueueConfig
 from partq.delivery.cursor import Cursor
+from partq.delivery.flow_state import FlowState, InvalidAck, fenced_error, fenced_range
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
+from partq.delivery.layout import ack_parent_log, delivery_layout, describe_mode
 from partq.delivery.moves import Moves
 from partq.delivery.state import DeliveryView, decode_state, encode_state, view_of
 from partq.delivery.tally import Tally
-from partq.errors import CorruptRecord, FlowClosed, FlowFenced, PartqError
+from partq.errors import FlowClosed
 from partq.message import FlowChangeUpdate, Message
 from partq.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
-from partq.states import DeliveryMode
 from partq.storage import crashpoints
 from partq.storage.encoding import PARENT
 
 log = logging.getLogger("partq.delivery")
 
-
-
-class InvalidAck(PartqError, ValueError):
-    """An ack or nack names a message this queue never delivered."""
-
-
-def delivery_layout(config: QueueConfig) -> tuple[DeliveryMode, list[int]]:
-    """The delivery mode of a config and the storage partition of each core slot."""
-    if config.partitioned:
-        return DeliveryMode.PARTITIONED, list(range(config.partitions))
-    return DeliveryMode.EXCLUSIVE, [PARENT]
-
-
-def describe_mode(config: QueueConfig) -> str:
-    if config.partitioned:
-        return f"partitioned ({config.partitions} partition{'s' if config.partitions != 1 else ''})"
-    return "non-partitioned (exclusive access)"
-
-
-def ack_parent_log(w, qid: int, seqs) -> int:
-    """Ack messages of the parent log of a partitioned queue, which nothing delivers: late acks
-    of messages delivered while it was exclusive (copy-out then skips them), and
-    ``Broker.ack_parent``. Seqs the log never had are ignored; returns how many were newly
-    acked."""
-    if not w.has_partition(qid, PARENT):
-        return 0
-    head, state = w.head(qid, PARENT), w.ack_state(qid, PARENT)
-    new = sorted({s for s in seqs if s < head and not state.is_acked(s)})
-    if new:
-        w.ack(qid, PARENT, new)
-    return len(new)
-
-
-def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced:
-    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
-    return FlowFenced(
-        f"flow {flow.name or flow.flow_id} of queue {queue!r} no longer holds the partition of "
-        f"{len(msgs)} message(s) it {verb} (partition/seq {where}): nothing was {verb}; the "
-        f"partition's current flow gets them redelivered", msgs)
-
-
-def fenced_range(queue: str, flow, sp: int, seq: int) -> FlowFenced:
-    """The error of an ``ack_through`` of a partition the flow does not hold."""
-    return FlowFenced(f"flow {flow.name or flow.flow_id} of queue {queue!r} does not hold "
-                      f"partition {sp}: nothing up to seq {seq} was acked; read it again from "
-                      f"the flow's partitions")
-
-
-class FlowState:
-    """The delivery state of one bound flow, kept by its queue's runtime (the ``Flow`` a user
-    holds is a handle on it). Changed only under the dispatcher's lock."""
-
-    __slots__ = ("flow_id", "name", "queue", "skip_corrupt", "inflight", "rr", "pending_error",
-                 "closed_reason", "events", "on_change", "remote", "reported", "client")
-
-    def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
-                 remote: RemoteSink | None = None, client: str | None = None) -> None:
-        self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
-        self.inflight = 0                 # messages delivered to it and not acked
-        self.rr = 0                       # where the next receive starts among its partitions
-        self.pending_error: CorruptRecord | None = None   # raised by its next receive
-        self.closed_reason: str | None = None             # set once it is unbound
-        self.events: deque[FlowChangeUpdate] = deque()
-        self.on_change: Callable[[FlowChangeUpdate], None] | None = None
-        # A flow delivered by another process (``follower``): that process reads and acks its
-        # partitions itself and reports what it holds unacked per slot; the owner tells it of
-        # changes through ``remote``.
-        self.remote = remote
-        self.reported: dict[int, int] = {}
-        self.client = client              # "pid P on HOST" of the process the flow lives in
-
-    @property
-    def closed(self) -> bool:
-        return self.closed_reason is not None
-
-    def close(self, reason: str) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = reason
-            if self.remote is not None:
-                self.remote.closed(self.flow_id, reason)
-
-    def changed(self, update: FlowChangeUpdate) -> None:
-        if self.remote is not None:
-            self.remote.event(self.flow_id, update)
-            return
-        self.events.append(update)
-        if self.on_change is not None:
-            self.on_change(update)
-
-
-class RemoteSink(Protocol):
-    """How the owner tells a flow of another process about changes (a control connection)."""
-
-    def event(self, flow_id: str, update: FlowChangeUpdate) -> None: ...
-    def closed(self, flow_id: str, reason: str) -> None: ...
 
 
 class QueueDelivery:

@@ -148,7 +148,7 @@ class Assignment:
     who holds each slot under which epoch, which slots are paused for a handoff."""
 
     def __init__(self, config, blob: bytes | None) -> None:
-        from partq.delivery.runtime import delivery_layout
+        from partq.delivery.layout import delivery_layout
         self.config = config
         mode, self.index = delivery_layout(config)
         state = decode_state(blob, f"queue {config.name!r}")

@@ -1,0 +1,34 @@
+"""Where a queue's messages are delivered from: the partitions of a partitioned queue, or the
+parent log of an exclusive one (one core slot), and acks of the parent log nothing delivers."""
+from __future__ import annotations
+
+from partq.config import QueueConfig
+from partq.states import DeliveryMode
+from partq.storage.encoding import PARENT
+
+
+def delivery_layout(config: QueueConfig) -> tuple[DeliveryMode, list[int]]:
+    """The delivery mode of a config and the storage partition of each core slot."""
+    if config.partitioned:
+        return DeliveryMode.PARTITIONED, list(range(config.partitions))
+    return DeliveryMode.EXCLUSIVE, [PARENT]
+
+
+def describe_mode(config: QueueConfig) -> str:
+    if config.partitioned:
+        return f"partitioned ({config.partitions} partition{'s' if config.partitions != 1 else ''})"
+    return "non-partitioned (exclusive access)"
+
+
+def ack_parent_log(w, qid: int, seqs) -> int:
+    """Ack messages of the parent log of a partitioned queue, which nothing delivers: late acks
+    of messages delivered while it was exclusive (copy-out then skips them), and
+    ``Broker.ack_parent``. Seqs the log never had are ignored; returns how many were newly
+    acked."""
+    if not w.has_partition(qid, PARENT):
+        return 0
+    head, state = w.head(qid, PARENT), w.ack_state(qid, PARENT)
+    new = sorted({s for s in seqs if s < head and not state.is_acked(s)})
+    if new:
+        w.ack(qid, PARENT, new)
+    return len(new)
