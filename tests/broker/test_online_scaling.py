@@ -38,8 +38,12 @@ def test_worked_example_4_to_6(open_broker, clock, partitioner):
     old = flow.receive(10)                     # delivered, not acked
     assert sorted(m.payload for m in old) == [b"a-old", b"b-old"]
     broker.scale("q", 6, online=True)
-    broker.publish_many("q", [(b"a-new", a), (b"b-new", b), (b"none-new", None)])
-    got = flow.receive(10)
+    broker.tick()                              # the new partitions 4 and 5 are assigned to c
+    assert flow.partitions == frozenset(range(6))
+    # unkeyed first: one published behind b-new in b-new's partition would wait with it
+    broker.publish("q", b"none-new")
+    broker.publish_many("q", [(b"a-new", a), (b"b-new", b)])
+    got = drain(flow, ack=False, batch=10, max_rounds=3)
     assert sorted(m.payload for m in got) == [b"a-new", b"none-new"]     # b-new waits
     status = broker.queue_status("q")
     old_b = key_partition(b, 4)
