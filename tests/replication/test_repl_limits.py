@@ -66,10 +66,11 @@ def test_slow_connections_are_bounded_and_dropped(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_one_snapshot_at_a_time_inside_the_primarys_directory(tmp_path):
+def test_one_snapshot_at_a_time_inside_the_primarys_directory(tmp_path, monkeypatch):
     """Peers that ask for a snapshot and never read it make one copy at a time, in the
     primary's own directory (never the system's temporary directory), and lose their turn
     when they stop reading; the real standby then gets its snapshot."""
+    monkeypatch.setattr("partq.replication.snapshot.SEND_TIMEOUT", 2.0)   # each loses it sooner
     pdir = tmp_path / "primary"
     p = primary(pdir)
     s = None
