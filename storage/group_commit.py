@@ -175,14 +175,11 @@ class GroupCommitWriter:
         wrote replicated changes (only those wait for a sync-mode standby), and how many
         records it appended."""
         store = self._store
-        gate = store._gate
         meta = store.dbs["meta"]
         changes_db = store.dbs["changes"]
         while True:
-            gate.enter()
             try:
-                txn = store._begin(write=True)
-                try:
+                with store.write_transaction() as txn:
                     replicating = txn.get(b"slots", db=meta) is not None
                     writer = Writer(store, txn, replicating)
                     results, replicated = _run_ops(writer, batch)
@@ -191,13 +188,8 @@ class GroupCommitWriter:
                         crashpoints.hit("before_commit")
                     txn.commit()
                     return results, lsn, replicated, writer.appended
-                except BaseException:
-                    txn.abort()
-                    raise
             except lmdb.MapFullError:
                 pass
-            finally:
-                gate.leave()
             store.grow_map()  # raises StorageFull at the limit; otherwise try again, bigger
 
 

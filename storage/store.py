@@ -380,6 +380,21 @@ class Store:
         finally:
             self._gate.leave()
 
+    @contextmanager
+    def write_transaction(self) -> Iterator[lmdb.Transaction]:
+        """A raw write transaction for the group-commit thread, which commits it; aborted if the
+        block raises. Holds the gate shared (a map resize waits for it to end)."""
+        self._gate.enter()
+        try:
+            txn = self._begin(write=True)
+            try:
+                yield txn
+            except BaseException:
+                txn.abort()
+                raise
+        finally:
+            self._gate.leave()
+
     def _begin(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction; adopt a map size grown by another process if LMDB asks (again,
         if it grew again meanwhile). Caller holds the gate shared."""
