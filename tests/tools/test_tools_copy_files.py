@@ -102,7 +102,7 @@ def test_overwrite_replaces_instead_of_continuing(run, broker, q, tmp_path):
 @pytest.mark.parametrize("fmt", ["jsonl", "msgpack"])
 def test_a_full_disk_is_one_error_line(run, q, fmt):
     user_error(run("copy-out", q, "--to-file", "/dev/full", "--format", fmt),
-               "No space left on device", "free some disk space")
+               "cannot write /dev/full: No space left on device", "free some disk space")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
