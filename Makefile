@@ -27,17 +27,21 @@ test: $(FULL)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
+# make bench: every benchmark script in turn, each line appended to bench/results/make_bench.jsonl
+# (tagged with its script), then bench/report.py writes bench/results/README.md and ratios.png.
+# A script that fails leaves a "skipped" line; make bench goes on and fails at the end.
+BENCH_SCRIPTS := publish encode_cost rebalance online_scaling idle partitioner replication remote \
+                 memory spark_ingest spark_read peers
+BENCH_OUT := bench/results/make_bench.jsonl
+
 bench: $(FULL)
-	$(BIN)/python bench/publish.py
-	$(BIN)/python bench/encode_cost.py
-	$(BIN)/python bench/rebalance.py
-	$(BIN)/python bench/online_scaling.py
-	$(BIN)/python bench/idle.py
-	$(BIN)/python bench/partitioner.py
-	$(BIN)/python bench/replication.py
-	$(BIN)/python bench/remote.py
-	$(BIN)/python bench/spark_ingest.py
-	$(BIN)/python bench/peers.py
+	rm -f $(BENCH_OUT).new
+	failed=""; for s in $(BENCH_SCRIPTS); do \
+	  $(BIN)/python bench/report.py --collect bench/$$s.py --into $(BENCH_OUT).new || failed="$$failed $$s"; \
+	done; \
+	mv $(BENCH_OUT).new $(BENCH_OUT); \
+	$(BIN)/python bench/report.py --results $(BENCH_OUT) --out bench/results; \
+	if [ -n "$$failed" ]; then echo "benchmarks that failed:$$failed"; exit 1; fi
 
 crash: $(FULL)
 	PARTQ_CRASH_LONG=1 $(BIN)/python -m pytest -q -s tests/crash/test_random_kills.py::test_random_kills_long

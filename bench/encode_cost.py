@@ -11,9 +11,16 @@ Prints one JSON object per line (``name``, ``unit``, ``value``; ``peer``, ``peer
 * ``partq_publish_many_preencoded_1000``: durable ``publish_many``-shaped commits of 1000
   messages whose records were encoded once, before timing, beside raw py-lmdb puts of 1000 per
   transaction, and ``partq_publish_many_batch_1000`` (encoding included) beside the same peer.
-  The gap between the two partq lines is the encoding's share.
+  The gap between the two partq lines is the encoding's share;
+* ``partq_publish_many_batch_1000_vs_raw_lmdb_same_work``: the same partq figure beside raw
+  py-lmdb doing the same necessary work (``raw_lmdb_same_work_batch_1000``, see
+  bench/workloads.py; target 0.85x).
 
-Usage: ``python bench/encode_cost.py [--quick]``.
+The four commit figures run in interleaved slices (bench/method.py: one warm-up round, then
+``--pairs`` rounds, 7 by default); a ratio is the median of the rounds' ratios with its min and
+max. The first line, ``load_average_at_start``, carries the load average and CPU count.
+
+Usage: ``python bench/encode_cost.py [--quick] [--pairs N]``.
 """
 from __future__ import annotations
 
@@ -22,7 +29,17 @@ import json
 import sys
 import time
 
-from workloads import KEYS, PAYLOAD, partq_broker, partq_publish_many, raw_lmdb_puts, repeat_rate
+from method import DEFAULT_PAIRS, header, interleave, line
+from method import emit as emit_line
+from workloads import (
+    KEYS,
+    PAYLOAD,
+    partq_broker,
+    partq_publish_many,
+    raw_lmdb_puts,
+    raw_lmdb_same_work,
+    repeat_rate,
+)
 
 from partq.config import QueueConfig
 from partq.publishing import encode
@@ -60,8 +77,13 @@ def preencoded_rate(seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help=f"interleaved rounds after the warm-up (default {DEFAULT_PAIRS}, "
+                             "or 1 with --quick)")
     args = parser.parse_args(argv)
     seconds = 0.3 if args.quick else 3.0
+    pairs = max(1, args.pairs if args.pairs is not None else (1 if args.quick else DEFAULT_PAIRS))
+    emit_line(header("encode_cost", pairs, slice_seconds=round(seconds / pairs, 3)))
 
     config = QueueConfig(name="q", partitions=4)
     items = [(PAYLOAD, KEYS[i % 1024]) for i in range(1000)]
@@ -74,12 +96,22 @@ def main(argv: list[str] | None = None) -> int:
          per_item_us(lambda: [record_fields(r) for r in raws], 1000, seconds),
          "decode_record", full)
 
-    raw = raw_lmdb_puts(1000, seconds)
-    emit("raw_lmdb_put_batch_1000", "msgs/s", raw)
-    emit("partq_publish_many_preencoded_1000", "msgs/s", preencoded_rate(seconds),
-         "raw_lmdb_put_batch_1000", raw)
-    emit("partq_publish_many_batch_1000", "msgs/s", partq_publish_many(1000, seconds),
-         "raw_lmdb_put_batch_1000", raw)
+    t = seconds / pairs
+    m = interleave([("raw_lmdb_put_batch_1000", lambda: raw_lmdb_puts(1000, t)),
+                    ("raw_lmdb_same_work_batch_1000", lambda: raw_lmdb_same_work(1000, t)),
+                    ("partq_publish_many_preencoded_1000", lambda: preencoded_rate(t)),
+                    ("partq_publish_many_batch_1000", lambda: partq_publish_many(1000, t))],
+                   pairs, script="encode_cost")
+    raw, same = m["raw_lmdb_put_batch_1000"], m["raw_lmdb_same_work_batch_1000"]
+    emit_line(line("raw_lmdb_put_batch_1000", "msgs/s", raw))
+    emit_line(line("partq_publish_many_preencoded_1000", "msgs/s",
+                   m["partq_publish_many_preencoded_1000"], "raw_lmdb_put_batch_1000", raw))
+    emit_line(line("partq_publish_many_batch_1000", "msgs/s", m["partq_publish_many_batch_1000"],
+                   "raw_lmdb_put_batch_1000", raw))
+    emit_line(line("raw_lmdb_same_work_batch_1000", "msgs/s", same))
+    emit_line(line("partq_publish_many_batch_1000_vs_raw_lmdb_same_work", "msgs/s",
+                   m["partq_publish_many_batch_1000"], "raw_lmdb_same_work_batch_1000", same,
+                   target=0.85))
     return 0
 
 

@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from method import DEFAULT_PAIRS, emit, header, pairs_line  # noqa: E402
 from peers import RedisServer, Skip  # noqa: E402
 
 import partq  # noqa: E402
@@ -46,23 +47,6 @@ import partq  # noqa: E402
 PAYLOAD = b"x" * 256
 TOKEN = "bench-token-" + "0" * 32
 PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
-
-
-def emit(doc: dict) -> None:
-    print(json.dumps(doc), flush=True)
-
-
-def pairs_line(name: str, unit: str, peer: str, values: list[float], peers: list[float],
-               target: float | None = None) -> dict:
-    ratios = [v / p for v, p in zip(values, peers, strict=True) if p]
-    doc = {"name": name, "unit": unit, "value": round(statistics.median(values), 3),
-           "peer": peer, "peer_value": round(statistics.median(peers), 3),
-           "ratio": round(statistics.median(ratios), 3) if ratios else None,
-           "ratio_min": round(min(ratios), 3) if ratios else None,
-           "ratio_max": round(max(ratios), 3) if ratios else None, "pairs": len(ratios)}
-    if target is not None:
-        doc["target"] = target
-    return doc
 
 
 # ---------------------------------------------------------------------------- client workers
@@ -368,13 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--pairs", type=int, default=None)
     args = parser.parse_args(argv)
-    pairs = args.pairs or (1 if args.quick else 7)
+    pairs = args.pairs or (1 if args.quick else DEFAULT_PAIRS)
     seconds = 0.5 if args.quick else 2.0
     prefill = 3_000 if args.quick else 100_000
-    emit({"name": "load_average_at_start", "unit": "runnable processes",
-          "value": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
-          "loadavg": [round(x, 2) for x in os.getloadavg()], "pairs": pairs,
-          "slice_seconds": seconds})
+    emit(header("remote", pairs, slice_seconds=seconds))
     root = tempfile.mkdtemp(prefix="partq-bench-remote-")
     try:
         remote_vs_redis(root, pairs, seconds, prefill)

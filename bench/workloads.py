@@ -196,6 +196,41 @@ def raw_lmdb_partitioned_puts(batch: int, seconds: float) -> float:
     return _raw_lmdb_rate(write_batch, seconds)
 
 
+def raw_lmdb_same_work(batch: int, seconds: float) -> float:
+    """The physical limit of ``publish_many(batch)`` doing the same necessary work (issue 18):
+    every message of every batch encoded in the loop with the leanest plain-Python encoder using
+    partq's packages, into a record of partq's size: ``crc32c(body) || body`` with ``body`` the
+    msgpack of ``(publish_time_ns, key, None, payload)`` (the keys and payload of partq's
+    workload); the batch's records spread over 4 partitions by position (no key hashing: less
+    work than partq's keyed choice), each partition's share one chunk (a msgpack list) under a
+    16-byte key, one fsynced transaction per batch, as partq stores it. It does no validation,
+    no key hashing, no partition state and no bookkeeping: what partq adds beyond the work any
+    durable, checksummed, partitioned log must do."""
+    import struct
+
+    import crc32c
+    import msgpack
+    key = struct.Struct(">IIQ").pack
+    frame = struct.Struct(">I").pack
+    pack = msgpack.Packer(use_bin_type=True).pack
+    crc = crc32c.crc32c
+    items = [(PAYLOAD, KEYS[i % 1024]) for i in range(batch)]
+    parts = range(PARTITIONS)
+
+    def write_batch(txn, n: int) -> int:
+        now = time.time_ns()
+        shares: list[list] = [[] for _ in parts]
+        for i, (payload, k) in enumerate(items):
+            body = pack((now, k, None, payload))
+            shares[i % PARTITIONS].append(frame(crc(body)) + body)
+        put, first = txn.put, n // PARTITIONS
+        for p in parts:
+            records = shares[p]
+            put(key(1, p, first + len(records) - 1), pack([first, *records]))
+        return batch
+    return _raw_lmdb_rate(write_batch, seconds)
+
+
 def raw_lmdb_group_commit(threads: int, seconds: float) -> float:
     """The ceiling of partq's threading model with nothing of partq in it: ``threads`` Python
     threads each hand one put (the 256-byte payload) to a committing thread and block until its

@@ -24,7 +24,8 @@ PEERS = {"raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_10
          "litequeue_put", "redis_xadd",
          "redis_xadd_pipeline_100", "redis_xreadgroup_xack_100", "persistqueue_get_ack",
          "litequeue_pop_done", "raw_lmdb_group_commit_1_thread", "raw_lmdb_group_commit_32_threads",
-         "raw_lmdb_group_commit_32_vs_1_threads"}
+         "raw_lmdb_group_commit_32_vs_1_threads", "raw_lmdb_same_work_batch_1000",
+         "load_average_at_start"}
 PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_publish_1_thread_vs_litequeue_put", "partq_publish_1_thread_vs_redis_xadd",
          "partq_publish_32_threads", "partq_publish_32_vs_1_threads",
@@ -34,6 +35,7 @@ PARTQ = {"partq_publish_1_thread", "partq_publish_1_thread_vs_persistqueue_put",
          "partq_publish_many_batch_1000",
          "partq_publish_many_batch_1000_vs_redis_xadd_pipeline_100",
          "partq_publish_many_batch_1000_vs_raw_lmdb_same_layout",
+         "partq_publish_many_batch_1000_vs_raw_lmdb_same_work",
          "partq_receive_ack_many_1_flow", "partq_receive_ack_many_1_flow_vs_persistqueue_get_ack",
          "partq_receive_ack_many_1_flow_vs_litequeue_pop_done", "partq_receive_ack_many_4_flows",
          "partq_receive_ack_many_4_flows_vs_persistqueue_get_ack",

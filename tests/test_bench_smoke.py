@@ -1,6 +1,7 @@
 """bench/publish.py runs and prints well-formed JSON lines (no timing is asserted)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,10 @@ EXPECTED = {
     "raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",
     "raw_lmdb_put_batch_1000", "partq_publish_1_thread", "partq_publish_32_threads",
     "partq_publish_32_threads_msgs_per_commit", "partq_publish_many_batch_100",
-    "partq_publish_many_batch_1000", "partq_publish_32_vs_1_threads",
+    "partq_publish_many_batch_1000", "partq_publish_32_vs_1_threads", "load_average_at_start",
+    "raw_lmdb_group_commit_32_threads", "partq_publish_32_threads_vs_raw_lmdb_group_commit_32",
+    "partq_publish_async_1_thread_window_64", "raw_lmdb_same_work_batch_1000",
+    "partq_publish_many_batch_1000_vs_raw_lmdb_same_work",
 }
 
 
@@ -39,7 +43,10 @@ def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
     check_bench_lines(proc.stdout.splitlines(),
                       {"encode_batch_1000", "decode_record", "record_fields",
                        "raw_lmdb_put_batch_1000", "partq_publish_many_preencoded_1000",
-                       "partq_publish_many_batch_1000"}, ratio_from="measured")
+                       "partq_publish_many_batch_1000", "load_average_at_start",
+                       "raw_lmdb_same_work_batch_1000",
+                       "partq_publish_many_batch_1000_vs_raw_lmdb_same_work"},
+                      ratio_from="measured")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
@@ -57,3 +64,51 @@ def test_online_scaling_bench_quick_prints_json_lines(tmp_path):
                        "offline_scale_4_to_8_consume_rate", "offline_scale_4_to_8_publish_rate",
                        "offline_scale_4_to_8_ingress_off"}, ratio_from="printed")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+
+
+def test_memory_bench_quick_prints_json_lines(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = check_bench_lines(proc.stdout.splitlines(),
+                              {"load_average_at_start", "memory_broker_backlog",
+                               "memory_serve_idle_clients"})
+    assert lines["memory_broker_backlog"]["depth"] == lines["memory_broker_backlog"]["messages"]
+    assert lines["memory_serve_idle_clients"]["clients"] == 50
+    for name in ("memory_broker_backlog", "memory_serve_idle_clients"):
+        assert lines[name]["unit"] == "MiB" and lines[name]["target"] == 200.0
+        assert lines[name]["target_is"] == "max"
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+
+
+def test_report_collects_lines_and_writes_the_table(tmp_path):
+    """bench/report.py --collect tags each line with its script (and a missing script with a
+    skipped line); the render shows figures, ratios, targets and skips, never a made-up figure."""
+    script = tmp_path / "publish.py"
+    script.write_text(
+        "import json\n"
+        "print(json.dumps({'name': 'load_average_at_start', 'unit': 'runnable processes', "
+        "'value': 1.5, 'cpus': 2, 'date': '2026-01-01 00:00:00 UTC'}))\n"
+        "print(json.dumps({'name': 'partq_publish_many_batch_1000_vs_raw_lmdb_same_work', "
+        "'unit': 'msgs/s', 'value': 90.0, 'peer': 'raw_lmdb_same_work_batch_1000', "
+        "'peer_value': 100.0, 'ratio': 0.9, 'ratio_min': 0.8, 'ratio_max': 1.0, 'pairs': 7, "
+        "'target': 0.85}))\n")
+    into = tmp_path / "run.jsonl"
+    report = str(REPO / "bench" / "report.py")
+    for s in (str(script), str(tmp_path / "spark_read.py")):
+        proc = subprocess.run([sys.executable, report, "--collect", s, "--into", str(into)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in into.read_text().splitlines()]
+    assert [d["script"] for d in lines] == ["publish", "publish", "spark_read"]
+    assert lines[-1]["value"] is None and "not built" in lines[-1]["skipped"]
+    proc = subprocess.run([sys.executable, report, "--results", str(into), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "README.md").read_text()
+    assert "| what | partq | peer | ratio (min-max of pairs) | target | result |" in md
+    assert "0.9x (0.8-1)" in md and ">= 0.85x | met" in md
+    assert "spark_read.py is not built yet" in md and "2 CPUs" in md
