@@ -14,6 +14,8 @@ One session per connection. Requests carry an id and are answered in order of co
     status {queue}                          -> status {status}
     queues {}                               -> queues {queues: [name, ...]}
     replication {}                          -> replication {replication}
+    logs, read, stage, commit_job, abort_job, resume_commits, ensure_queue
+                                             (the Spark source: partq.staging.spark_request)
     beat                                     (no answer; any frame keeps a session alive)
     errors: error {req, error, message[, messages]}
 
@@ -37,6 +39,7 @@ import threading
 from partq.errors import FlowClosed, FlowFenced, PartqError
 from partq.listener import Limits, Listener
 from partq.message import Message
+from partq.staging import SPARK_OPS, spark_request
 from partq.wire import FrameError, Outbox, read_frame
 
 log = logging.getLogger("partq.server")
@@ -169,6 +172,8 @@ class Session:
             elif op == "replication":
                 self.send({"op": "replication", "req": req,
                            "replication": self.broker.replication_status().as_dict()})
+            elif op in SPARK_OPS:         # the Spark source with .option("address") (S36a)
+                self.send({"op": op, "req": req, **spark_request(self.broker, frame)})
             else:
                 raise FrameError(f"unknown request {op!r}")
         except PartqError as exc:

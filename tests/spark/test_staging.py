@@ -1,11 +1,13 @@
 """partq.staging without Spark: stage per attempt, publish exactly once on commit, abort, orphans."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 from spark_helpers import all_messages, read_queue
 
 import partq
-from partq import staging
+from partq import staged, staging
 from partq.staging import (
     JobAborted,
     JobFinished,
@@ -131,9 +133,64 @@ def test_each_batch_is_one_transaction(broker):
     before = commits(broker)
     stage_rows(broker, "q", job, 0, 1, rows("a", 95), batch_rows=10)
     assert commits(broker) - before == 10
-    before = commits(broker)
-    commit_job(broker, "q", job, [(0, 1, 95)])
-    assert commits(broker) - before == 1
+    appended: list[int] = []
+    broker.store.on_commit(appended.append)
+    try:
+        commit_job(broker, "q", job, [(0, 1, 95)], slice_rows=10)
+    finally:
+        broker.store.remove_commit_hook(appended.append)
+    # one short transaction begins the commit, then no transaction moves more than a batch
+    assert sum(appended) == 95 and max(appended) <= 10
+    assert len([n for n in appended if n]) >= 10
+
+
+def test_keyed_rows_are_staged_in_their_partition_and_appended_as_they_are(broker, data_dir):
+    job = new_job_id()
+    stage_rows(broker, "q", job, 0, 1, rows("a", 40, keys=40))
+    with broker.store.read() as r:
+        chunks = [staged.decode_chunk(raw, "test") for raw in r.staged(staged.TAG)]
+    assert {c.partition_count for c in chunks} == {4}
+    for c in chunks:
+        assert {(h % 4) for h in c.hashes("test")} == {c.partition}
+    commit_job(broker, "q", job, [(0, 1, 40)])
+    for partition, key, _ in all_messages(data_dir, "q"):
+        assert partition == partq.key_partition(key, 4)
+
+
+def test_an_interrupted_commit_is_finished_once_by_resume(broker, data_dir):
+    job = new_job_id()
+    stage_rows(broker, "q", job, 0, 1, rows("a", 30), batch_rows=5)
+    stage_rows(broker, "q", job, 1, 2, rows("b", 30), batch_rows=5)
+    stage_rows(broker, "q", job, 1, 3, rows("spec", 7))            # not accepted
+    # ingress is turned off with reject after the commit began: the slices stop part way
+    stop_after = 2
+    hook = []
+
+    def turn_off(appended: int) -> None:
+        hook.append(appended)
+        if len([n for n in hook if n]) == stop_after:
+            broker.store.remove_commit_hook(turn_off)
+            threading.Thread(target=broker.update_queue, args=("q",),
+                             kwargs={"ingress_enabled": False,
+                                     "reject_msg_to_sender_when_shutdown": True}).start()
+    broker.store.on_commit(turn_off)
+    with pytest.raises(partq.IngressDisabled, match="resume_commits"):
+        commit_job(broker, "q", job, [(0, 1, 30), (1, 2, 30)], slice_rows=5)
+    state = staging.job_state(broker, job)
+    assert state["state"] == "committing" and 0 < state["rows"] < 60
+    published = len(all_messages(data_dir, "q"))
+    assert published == state["rows"]
+    with pytest.raises(JobFinished, match="already committing"):
+        stage_rows(broker, "q", job, 2, 4, rows("zombie", 3))
+    assert abort_job(broker, job) == 0          # keeps a committing job's rows
+    broker.update_queue("q", ingress_enabled=True)
+    [done] = staging.resume_commits(broker, slice_rows=5)
+    assert (done.job_id, done.published) == (job, 60)
+    assert sorted(v for _, _, v in all_messages(data_dir, "q")) == sorted(
+        p for p, _ in rows("a", 30) + rows("b", 30))
+    assert list_stages(broker) == []
+    assert staging.resume_commits(broker) == []
+    assert commit_job(broker, "q", job, [(0, 1, 30), (1, 2, 30)]).already_committed
 
 
 def test_big_payloads_cap_the_staging_transaction_by_bytes(broker, monkeypatch):
