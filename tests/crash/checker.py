@@ -17,6 +17,7 @@ op                 written
 ``acked``          after ack/ack_many returned: id
 ``scale_begin``    by a scaler before ``scale(q, to)``: from, to, online, t
 ``scale_end``      after it returned: to, t
+``scale_skipped``  an online scaling not begun (its predecessor still draining): ignored
 =================  ==========================================================================
 
 ``t`` is ``time.monotonic()``, one clock for every process of the host (CLOCK_MONOTONIC).

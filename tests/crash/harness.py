@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import checker
+import scaler
 from helpers import wait_until
 
 import partq
@@ -99,6 +100,7 @@ class Figures:
     stopped: int = 0               # SIGSTOP/SIGCONT of a consumer process
     concurrent_rounds: int = 0     # rounds whose consumer processes delivered side by side
     scalings: int = 0
+    scalings_skipped: int = 0      # an online scaling whose predecessor had not drained in time
     published: int = 0
     attempted: int = 0
     deliveries: int = 0
@@ -222,6 +224,10 @@ class Round:
             elif rc == 0 and proc.role == "scale":
                 self.scaling = False
                 self.fig.scalings += 1
+                continue
+            elif rc == scaler.SKIPPED and proc.role == "scale":
+                self.scaling = False
+                self.fig.scalings_skipped += 1
                 continue
             else:
                 with open(proc.err, "rb") as f:
