@@ -124,3 +124,22 @@ class Cursor:
 
     def outstanding(self, flow_id: str) -> int:
         return sum(1 for f in self.inflight.values() if f == flow_id)
+
+
+def mark_ops(qid: int, marks: dict[int, tuple[int, int]], seen: dict[int, int]) -> list:
+    """Write each delivered mark ``(old, new)``, and note in ``seen[partition]`` a stored mark
+    above ``old``: another process (a follower whose assignment read was older, or the owner
+    taking a partition back) delivered those messages since this one's snapshot, so this
+    process's copies of them are redeliveries (``flag_redelivered``). Never a false negative."""
+    def op(w, p: int, old: int, new: int) -> None:
+        stored = w.ack_state(qid, p).delivered_mark if w.has_partition(qid, p) else old
+        if stored > old:
+            seen[p] = stored
+        w.set_delivered_mark(qid, p, new)
+    return [lambda w, p=p, o=old, n=new: op(w, p, o, n) for p, (old, new) in marks.items()]
+
+
+def flag_redelivered(msgs: list[Message], seen: dict[int, int]) -> list[Message]:
+    """``msgs`` with those at or below ``seen[partition]`` marked redelivered."""
+    return [m._replace(redelivered=True)
+            if not m.redelivered and m.seq <= seen.get(m.partition, -1) else m for m in msgs]

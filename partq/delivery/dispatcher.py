@@ -317,7 +317,8 @@ class Dispatcher:
             timer_fut = self._submit(self._due_timer_ops())
             with self.store.read() as r:
                 msgs, marks, skipped = qd.collect(state, max_messages, r)
-            fut = self._submit(qd.collect_ops(marks, skipped))
+            seen: dict[int, int] = {}     # marks another process wrote since the read
+            fut = self._submit(qd.collect_ops(marks, skipped, seen))
         if timer_fut is not None:
             self._commit_and_notify(timer_fut)
         if fut is not None:
@@ -327,6 +328,9 @@ class Dispatcher:
                 with self._lock:
                     qd.undo_collect(state, msgs, marks)
                 raise
+            if seen:
+                with self._lock:
+                    msgs = qd.flag_concurrent(msgs, seen)
         return msgs
 
     def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message]):

@@ -24,7 +24,7 @@ import time
 
 from partq import errors
 from partq.config import QueueConfig
-from partq.delivery.cursor import Cursor
+from partq.delivery.cursor import Cursor, flag_redelivered, mark_ops
 from partq.delivery.flow_state import InvalidAck, fenced_error, fenced_range
 from partq.delivery.follower_flow import FollowerFlow
 from partq.delivery.holds import Holds, read_cutover
@@ -248,10 +248,12 @@ class FollowerQueue:
                 raise err
         if marks or skipped:
             qid = self.qid
+            seen: dict[int, int] = {}         # marks another process wrote since the read
+            writes = mark_ops(qid, marks, seen)
 
             def op(w):
-                for sp, (_, mark) in marks.items():
-                    w.set_delivered_mark(qid, sp, mark)
+                for write in writes:
+                    write(w)
                 for sp, seqs in skipped.items():
                     w.ack(qid, sp, seqs)
             try:
@@ -267,6 +269,13 @@ class FollowerQueue:
                             flow.inflight -= 1
                             taken.next = min(taken.next, m.seq)
                 raise
+            if seen:
+                with self.lock:
+                    for sp, stored in seen.items():
+                        if sp in flow.cursors:
+                            cursor = flow.cursors[sp]
+                            cursor.redeliver_upto = max(cursor.redeliver_upto, stored)
+                out = flag_redelivered(out, seen)
         return out
 
     def _sync_cursors(self, flow: FollowerFlow, held, r) -> None:

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from partq.config import QueueConfig
-from partq.delivery.cursor import Cursor
+from partq.delivery.cursor import Cursor, flag_redelivered, mark_ops
 from partq.delivery.flow_state import FlowState, InvalidAck, fenced_error, fenced_range
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.layout import ack_parent_log, delivery_layout, describe_mode
@@ -319,10 +319,22 @@ class QueueDelivery:
                 flow.inflight -= 1
             ps.next = min(ps.next, m.seq)
 
-    def collect_ops(self, marks: dict[int, tuple], skipped: dict[int, list[int]]) -> list:
+    def collect_ops(self, marks: dict[int, tuple], skipped: dict[int, list[int]],
+                    seen: dict[int, int] | None = None) -> list:
+        """The writes of a collect: the delivered marks (``mark_ops``) and skipped corrupt
+        records' acks."""
         qid = self.qid
-        return ([lambda w, p=p, m=new: w.set_delivered_mark(qid, p, m) for p, (_, new) in marks.items()]
+        return (mark_ops(qid, marks, seen if seen is not None else {})
                 + [lambda w, p=p, s=seqs: w.ack(qid, p, s) for p, seqs in skipped.items()])
+
+    def flag_concurrent(self, msgs: list[Message], seen: dict[int, int]) -> list[Message]:
+        """After ``mark_ops`` found marks another process wrote meanwhile: those messages are
+        redeliveries, and so is what this flow is given of them later."""
+        for p, mark in seen.items():
+            ps = self.part(p)
+            if ps is not None:
+                ps.redeliver_upto = max(ps.redeliver_upto, mark)
+        return flag_redelivered(msgs, seen)
 
     def ack(self, flow, msgs, now: float, reader) -> list:
         """Apply acks in memory and return the writes. Fencing (S33): an ack of a message of a
