@@ -23,7 +23,20 @@ def open_access(where: Where, consume: bool = False):
     return LocalAccess(where, consume)
 
 
-class LocalAccess:
+class _Closing:
+    """``with`` closes: each access below has ``close()``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LocalAccess(_Closing):
     def __init__(self, where: Where, consume: bool = False) -> None:
         from partq.broker import Broker
         from partq.storage import Store
@@ -56,14 +69,8 @@ class LocalAccess:
         else:
             self.store.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class RemoteAccess:
+class RemoteAccess(_Closing):
     def __init__(self, where: Where) -> None:
         from partq.client import connect
         self.where = where
@@ -85,15 +92,9 @@ class RemoteAccess:
     def close(self) -> None:
         self.client.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 # ---------------------------------------------------------------------- the writer's side
-class LocalJobs:
+class LocalJobs(_Closing):
     """Staging and committing jobs in the directory on this host (``partq.staging``)."""
 
     def __init__(self, where: Where) -> None:
@@ -124,12 +125,6 @@ class LocalJobs:
     def close(self) -> None:
         self._broker.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def ensure_local_queue(path: str, queue: str, partitions: int | None) -> None:
     """Make sure ``queue`` exists in ``path``, creating both when ``partitions`` is given."""
@@ -154,8 +149,8 @@ def ensure_local_queue(path: str, queue: str, partitions: int | None) -> None:
         broker.close()
 
 
-class RemoteJobs:
-    """The same verbs as ``LocalJobs``, run by ``partq serve`` (``partq.spark_requests``)."""
+class RemoteJobs(_Closing):
+    """The same verbs as ``LocalJobs``, run by ``partq serve`` (``partq.staging.spark_request``)."""
 
     def __init__(self, where: Where) -> None:
         from partq.client import connect
@@ -182,12 +177,6 @@ class RemoteJobs:
 
     def close(self) -> None:
         self.client.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class RemoteStager:
