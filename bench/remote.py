@@ -64,11 +64,9 @@ def _partq_publisher(address: str, ready, go, out, seconds: float) -> None:
     client.close()
 
 
-def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) -> None:
-    client = partq.connect(address, token=TOKEN)
-    flow = client.bind(queue)
-    ready.release()
-    go.wait()
+def _consume(flow, seconds: float) -> tuple[int, float]:
+    """receive(100) + ack_many for ``seconds`` or until the flow's partitions are drained:
+    (messages acked, when the last batch was acked)."""
     n, last, end = 0, time.monotonic(), time.monotonic() + seconds
     while time.monotonic() < end:
         msgs = flow.receive(100, timeout=0.2)
@@ -82,7 +80,15 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
             n -= len(exc.messages)
         n += len(msgs)
         last = time.monotonic()
-    out.put((n, last))
+    return n, last
+
+
+def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) -> None:
+    client = partq.connect(address, token=TOKEN)
+    flow = client.bind(queue)
+    ready.release()
+    go.wait()
+    out.put(_consume(flow, seconds))
     client.close()
 
 
@@ -123,20 +129,7 @@ def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name:
     flow = broker.bind(queue, name=name)
     ready.release()
     go.wait()
-    n, last, end = 0, time.monotonic(), time.monotonic() + seconds
-    while time.monotonic() < end:
-        msgs = flow.receive(100, timeout=0.2)
-        if not msgs:
-            if flow.partitions:
-                break
-            continue
-        try:
-            flow.ack_many(msgs)
-        except partq.FlowFenced as exc:     # a partition moved meanwhile: count what acked
-            n -= len(exc.messages)
-        n += len(msgs)
-        last = time.monotonic()
-    out.put((n, last))
+    out.put(_consume(flow, seconds))
     broker.close()
 
 
