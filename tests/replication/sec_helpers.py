@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import struct
 import threading
 
 from helpers import wait_until
@@ -66,6 +67,28 @@ def slot_ids(broker: partq.Broker) -> list[str]:
             if s["state"] == "active"]
 
 
+def closed_by_peer(sock: socket.socket, timeout: float = 10) -> bool:
+    """Whether the other end ends the connection within ``timeout`` (reading what it sends)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def declare_huge_frame(sock: socket.socket) -> None:
+    """Send a header that declares a 256 MiB frame and the first MiB of its body. The primary
+    may drop the connection before the body is out: a reset here is its refusal, seen early."""
+    try:
+        sock.sendall(struct.pack(">II", 256 << 20, 0) + b"\0" * (1 << 20))
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+
+
 class RawStandby:
     """A peer that passes the handshake (it has the token: an insider, or a stolen token) and
     then does what the test says, frame by frame."""
@@ -100,15 +123,7 @@ class RawStandby:
 
     def closed_by_peer(self, timeout: float = 10) -> bool:
         """Whether the primary ends the connection within ``timeout`` (reading what it sends)."""
-        self.sock.settimeout(timeout)
-        try:
-            while self.sock.recv(1 << 16):
-                pass
-        except (ConnectionResetError, ssl.SSLError):
-            return True
-        except TimeoutError:
-            return False
-        return True
+        return closed_by_peer(self.sock, timeout)
 
     def close(self) -> None:
         try:

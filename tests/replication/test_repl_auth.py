@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import ssl
-import struct
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ from sec_helpers import (
     TOKEN,
     Pump,
     RawStandby,
+    closed_by_peer,
+    declare_huge_frame,
     fill,
     host_port,
     non_loopback_ip,
@@ -357,20 +358,20 @@ def test_oversized_declared_frames_are_refused_before_they_are_read(tmp_path):
         for _ in range(4):
             raw = socket.create_connection((host, port))
             recv_frame(raw)
-            raw.sendall(struct.pack(">II", 256 << 20, 0) + b"\0" * (1 << 20))
+            declare_huge_frame(raw)
             raws.append(raw)
         peers = []
         for i in range(4):
             peer = RawStandby(p.replication_address, f"big-frames-{i}")
             peer.skip_snapshot()
             peer.frame()
-            peer.sock.sendall(struct.pack(">II", 256 << 20, 0) + b"\0" * (1 << 20))
+            declare_huge_frame(peer.sock)
             peers.append(peer)
         for peer in peers:
             assert peer.closed_by_peer()
             peer.close()
         for raw in raws:
-            assert _read_all(raw) is not None
+            assert closed_by_peer(raw)
             raw.close()
         assert rss_bytes() - before < 64 << 20
         fill(p, 300, 300)
