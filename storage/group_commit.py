@@ -83,6 +83,8 @@ class GroupCommitWriter:
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
         self.sync_gate: SyncGate | None = None     # set by a sync-mode replication server: holds callers
+        # set by replication: runs inside each commit that wrote the change log, after its entry
+        self.change_log_guard: Callable[[Writer], None] | None = None
                                   # until the standby has their commit (S27)
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
@@ -184,6 +186,8 @@ class GroupCommitWriter:
                     writer = Writer(store, txn, replicating)
                     results, replicated = _run_ops(writer, batch)
                     lsn = writer.finish(changes_db)
+                    if lsn and self.change_log_guard is not None:
+                        self.change_log_guard(writer)
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()

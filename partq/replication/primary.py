@@ -124,6 +124,7 @@ class ReplicationServer:
         self.timeline = store.write(self._begin_incarnation)
         self._snapshots = SnapshotSender(store, self._stop)
         store.on_commit(self._on_commit)
+        store.guard_change_log(slots.bound_at_commit(self.max_slot_keep, self._link_acks))
         if self.gate is not None:
             store.set_sync_gate(self.gate)
         try:
@@ -298,12 +299,16 @@ class ReplicationServer:
             except PartqError as exc:       # a full disk, a closing store: try again later
                 log.warning("replication slot upkeep failed: %s", exc)
 
+    def _link_acks(self) -> dict[str, tuple[int, float]]:
+        """Each connected standby's acked LSN and when it acked it."""
+        with self._links_lock:
+            return {sid: (link.acked, link.seen) for sid, link in self._links.items()
+                    if link.acked >= 0}
+
     def _maintain(self) -> None:
         """Persist the standbys' positions, trim the change log, keep ``max_slot_keep``, and
         end the links of slots that are gone (invalidated here, or dropped by `partq dr`)."""
-        with self._links_lock:
-            acks = {sid: (link.acked, link.seen) for sid, link in self._links.items()
-                    if link.acked >= 0}
+        acks = self._link_acks()
         keep_log = self.gate is not None
         positions = {sid: acked for sid, (acked, _) in acks.items()}
         if positions != self._persisted or time.monotonic() - self._persisted_at > SEEN_EVERY:
@@ -340,6 +345,7 @@ class ReplicationServer:
 
     def _unhook(self) -> None:
         self.store.remove_commit_hook(self._on_commit)
+        self.store.guard_change_log(None)
         if self.gate is not None:
             self.store.set_sync_gate(None)
             self.gate.close()

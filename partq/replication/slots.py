@@ -8,8 +8,10 @@ them. While the ``slots`` key exists every commit writes the change log (``Write
 The bound (PostgreSQL's ``max_slot_wal_keep_size``): when the change log passes
 ``max_slot_keep`` bytes, the slot of the standby furthest behind is invalidated (removed, and
 remembered under ``slots_invalidated`` for `partq dr slots`) and the log trimmed after the next
-one; that standby starts again from a snapshot when it comes back. So an absent standby never
-fills the primary's disk, and `partq dr drop-slot ID` removes a slot at once.
+one; that standby starts again from a snapshot when it comes back. The check runs inside the
+commit that passes the bound (``bound_at_commit``), so no lagging thread lets the log grow past
+it. So an absent standby never fills the primary's disk, and `partq dr drop-slot ID` removes a
+slot at once.
 
 The size is LMDB's page count of the change-log database: after a trim it holds exactly what
 the slowest slot keeps, so "bytes behind" of that slot is read in O(1).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import msgpack
@@ -139,6 +142,22 @@ def maintain(w, max_keep: int, keep_log: bool) -> list[str]:
     return gone
 
 
+def bound_at_commit(max_keep: int, acks=dict) -> Callable:
+    """The change-log guard a writing primary installs (``Store.guard_change_log``): inside a
+    commit that takes the log past ``max_keep`` bytes, record the positions ``acks()`` knows
+    (a serving primary's connected standbys) and invalidate slots until it fits. So the log
+    never passes ``max_keep`` by more than one commit, however far upkeep threads lag."""
+    def guard(w) -> None:
+        if change_log_bytes(w) <= max_keep:
+            return
+        record_acks(w, acks(), keep_log=True)
+        for sid in maintain(w, max_keep, keep_log=True):
+            log.warning("invalidated the replication slot of standby %s: the change log it "
+                        "kept passed max_slot_keep=%d bytes; it starts again from a snapshot "
+                        "when it comes back", sid, max_keep)
+    return guard
+
+
 def needs_maintenance(r, max_keep: int, keep_log: bool) -> bool:
     """Whether ``maintain`` would change anything (read first: most checks write nothing)."""
     raw = r.meta(KEY)
@@ -203,6 +222,7 @@ class SlotKeeper:
         self._wake = threading.Event()
         self._seen_lsn = store.last_lsn
         store.on_commit(self._on_commit)
+        store.guard_change_log(bound_at_commit(max_keep))
         self._thread = threading.Thread(target=self._run, name="partq-slot-keeper", daemon=True)
         self._thread.start()
 
@@ -234,6 +254,7 @@ class SlotKeeper:
         self._stop.set()
         self._wake.set()
         self.store.remove_commit_hook(self._on_commit)
+        self.store.guard_change_log(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
