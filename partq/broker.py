@@ -28,20 +28,13 @@ from partq.delivery.state import decode_state
 from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
 from partq.message import PublishResult
-from partq.oplog import LinkWatch, log_open_report, scaling_log
+from partq.oplog import log_open_report, scaling_log
 from partq.pending import Pending
 from partq.publishing import Publisher
 from partq.rebalance_plan import plan_rebalance
 from partq.rebalancer import Rebalancer
-from partq.replication import (
-    ReplicationServer,
-    SlotKeeper,
-    StandbyFollower,
-    check_sync_timeout,
-    promote_store,
-    replication_options,
-    stored_status,
-)
+from partq.replication import ReplicationStatus, check_sync_timeout, replication_options
+from partq.replication.role import ReplicationRole
 from partq.states import ScalingState
 from partq.status import QueueStatus, build_queue_status
 from partq.storage import Store
@@ -89,13 +82,10 @@ class Broker:
     """
 
     _metrics: MetricsServer | None = None     # the endpoint of ``metrics_listen``
-    _link_watch: LinkWatch | None = None      # logs replication links and lag alarms
 
     def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
         self._store = store
-        self._replication: ReplicationServer | None = None   # on a primary that listens
-        self._follower: StandbyFollower | None = None        # on a standby that follows
-        self._standby = False        # True while this directory is a DR-standby
+        self._role = ReplicationRole(store)
         self._closed = False
         self.clock = clock
         self.publisher = Publisher(store, clock, rng)
@@ -165,47 +155,29 @@ class Broker:
                      metrics_listen) -> None:
         """Take the directory's replication role (standby, primary serving standbys, or neither),
         finish a scaling an earlier process left, report the open, start the metrics server."""
-        store = self._store
-        with store.read() as r:
-            self._standby = r.meta(b"role") == b"standby"
+        role = self._role
         if standby_of:
-            if not self._standby:
-                if self.queues():
-                    raise InvalidConfig(f"{self.path} already holds queues; a DR-standby must "
-                                        f"start from a new directory")
-                store.write(lambda w: w.put_local_meta(b"role", b"standby"))
-                self._standby = True
-            self._follower = StandbyFollower(store, standby_of, repl)
-        elif not self._standby:
+            role.follow(standby_of, repl, has_queues=bool(self.queues()))
+        elif not role.standby:
             for config in self.queues():
                 if config.scaling_status != ScalingState.READY:
                     scaling.finish_scaling(self, config.name,
-                                       scaling_log(config.name, "finishing at open: "))
-            if replication_listen:
-                self._replication = ReplicationServer(store, replication_listen,
-                                                    replication_mode, sync_timeout, repl)
-            else:       # bounds the change log this process writes while slots exist
-                SlotKeeper(store, repl.slot_keep(store.max_map_size))
+                                           scaling_log(config.name, "finishing at open: "))
+            role.serve(replication_listen, replication_mode, sync_timeout, repl)
         log_open_report(self)
-        if replication_listen or standby_of:
-            self._link_watch = LinkWatch(self.replication_status)
         if metrics_listen is not None:
             from partq.metrics import MetricsServer
             self._metrics = MetricsServer(self, metrics_listen)
 
     # ------------------------------------------------------------------ replication
     def _check_writable(self) -> None:
-        if self._standby:
+        if self._role.standby:
             raise StandbyReadOnly(f"{self.path} is a DR-standby: it refuses publishes, binds and "
                                   f"queue changes until promoted (`partq dr promote`)")
 
-    def replication_status(self):
+    def replication_status(self) -> ReplicationStatus:
         """Role, link state and lag (in messages and seconds) of DR replication."""
-        if self._follower is not None:
-            return self._follower.status()
-        if self._replication is not None:
-            return self._replication.status()
-        return stored_status(self._store, "standby" if self._standby else "primary")
+        return self._role.status()
 
     def promote(self, replication_listen: str | None = None, replication_mode: str = "async",
                 sync_timeout: float = 10.0, *, replication_token: str | bytes | None = None,
@@ -216,22 +188,10 @@ class Broker:
         that rebind with their names or hints within the rebalance delay keep their partitions.
         The promoted store starts a new timeline: a standby of the old primary that is not ahead
         of this one follows it, and one that is ahead is refused and told to re-snapshot."""
-        if not self._standby:
-            raise InvalidConfig(f"{self.path} is not a DR-standby; nothing to promote")
         sync_timeout = check_sync_timeout(sync_timeout)
         repl = replication_options(replication_token, replication_token_file, replication_ssl,
                                    max_slot_keep)
-        if self._follower is not None:
-            self._follower.close()
-            self._follower = None
-        self._store.write(promote_store)
-        self._standby = False
-        if replication_listen:
-            self._replication = ReplicationServer(self._store, replication_listen, replication_mode,
-                                                  sync_timeout, repl)
-            if self._link_watch is None:
-                self._link_watch = LinkWatch(self.replication_status)
-        log.info("%s promoted: it is a primary now", self.path)
+        self._role.promote(replication_listen, replication_mode, sync_timeout, repl)
 
     @property
     def metrics_address(self) -> str | None:
@@ -251,7 +211,7 @@ class Broker:
     @property
     def replication_address(self) -> str | None:
         """The HOST:PORT the replication listener is bound to (None when not listening)."""
-        return None if self._replication is None else self._replication.address
+        return self._role.address
 
     @property
     def open_report(self) -> dict:
@@ -497,12 +457,7 @@ class Broker:
             return    # a forked child: the parent's locks, threads and environment are not ours
         if self._metrics is not None:
             self._metrics.close()
-        if self._link_watch is not None:
-            self._link_watch.close()
-        if self._follower is not None:
-            self._follower.close()
-        if self._replication is not None:
-            self._replication.close()
+        self._role.close()
         self.dispatcher.close("the broker was closed")
         self._store.close()
 

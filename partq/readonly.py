@@ -52,10 +52,11 @@ from partq.errors import (
     TornRead,
 )
 from partq.publishing import Publisher
+from partq.replication.role import ReplicationRole
 from partq.status import QueueStatus, build_queue_status
 from partq.storage import Reader, Store
 from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
-from partq.storage.store import OpenReport
+from partq.storage.environment import OpenReport
 from partq.storage.txn import DB_NAMES
 
 READ_RETRIES = 8          # attempts of one read before TornRead
@@ -294,14 +295,11 @@ class ReadOnlyBroker(Broker):
 
     def __init__(self, store: Store, reason: str) -> None:   # no Broker.__init__: no threads
         self._store = store
-        self._replication = None
-        self._follower = None
+        self._role = ReplicationRole(store)
         self._closed = False
         self.reason = reason
         self.clock = SystemClock()
         self.publisher = Publisher(store, self.clock, random.Random())
-        with store.read() as r:
-            self._standby = r.meta(b"role") == b"standby"
 
     def _check_writable(self) -> None:
         raise OpenedReadOnly(f"{self.path} is open read-only ({self.reason}); publishes, binds "

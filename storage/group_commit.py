@@ -29,7 +29,7 @@ import lmdb
 
 from partq.storage import crashpoints
 from partq.storage.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
-from partq.storage.txn import Writer
+from partq.storage.writer import Writer
 
 MAX_OPS_PER_COMMIT = 8192
 

@@ -20,19 +20,20 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION, unpack_u64
+from partq.storage.encoding import unpack_u64
+from partq.storage.environment import RESIZE_RETRIES, Opening
 from partq.storage.errors import (
     BrokerClosed,
     CorruptStore,
-    FormatVersionMismatch,
     InvalidConfig,
-    NotAPartqStore,
     StorageFull,
     UsedAcrossFork,
 )
-from partq.storage.files import DEFAULT_FILE_MODE, chmod_own, file_mode_of, prepare_directory
-from partq.storage.txn import DB_NAMES, Reader, Writer
+from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
+from partq.storage.gate import TxnGate
+from partq.storage.txn import DB_NAMES, Reader
 from partq.storage.writelock import WRITE_LOCK_POLL, stuck_writer, write_lock
+from partq.storage.writer import Writer
 
 T = TypeVar("T")
 
@@ -40,86 +41,8 @@ DURABILITY_MODES = ("sync", "async")
 DEFAULT_MAP_SIZE = 64 << 20          # initial map; it doubles on demand
 DEFAULT_MAX_MAP_SIZE = 1 << 40       # 1 TiB of address space, far beyond any disk here
 ASYNC_FLUSH_INTERVAL = 0.2           # seconds between background flushes in async mode
-RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
 _registry: dict[str, Store] = {}
 _registry_lock = threading.Lock()
-
-
-class _Gate:
-    """Shared/exclusive gate: every transaction holds it shared; a map resize holds it exclusive
-    (py-lmdb's set_mapsize requires that no transaction of this process is active), and so does
-    reopening a store opened read-only for writing, which may also go on while threads that
-    hold it shared wait ``parked`` (promising not to use their transactions again)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._active = 0
-        self._exclusive = False
-        self._held: dict[int, int] = {}      # thread -> shared holds
-        self._parked = 0                     # shared holds of threads waiting in parked()
-
-    def enter(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._active += 1
-            self._held[me] = self._held.get(me, 0) + 1
-
-    def leave(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            self._active -= 1
-            if self._held.get(me, 0) > 1:
-                self._held[me] -= 1
-            else:
-                self._held.pop(me, None)
-            if self._active == self._parked:
-                self._cond.notify_all()
-
-    @contextmanager
-    def parked(self) -> Iterator[None]:
-        """While the calling thread waits in here, its own shared holds do not keep
-        ``exclusive(over_parked=True)`` waiting."""
-        with self._cond:
-            mine = self._held.get(threading.get_ident(), 0)
-            self._parked += mine
-            self._cond.notify_all()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._parked -= mine
-
-    @contextmanager
-    def exclusive(self, over_parked: bool = False) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive:
-                self._cond.wait()
-            self._exclusive = True
-            while self._active > (self._parked if over_parked else 0):
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-class OpenReport:
-    """What opening did, for ``partq`` to print (STYLE point 6)."""
-
-    def __init__(self) -> None:
-        self.created = False
-        self.stale_readers_cleared = 0
-        self.write_lock_holder: int | None = None   # pid inside a commit when this opened
-
-    def as_dict(self) -> dict:
-        out = {"created": self.created, "stale_readers_cleared": self.stale_readers_cleared}
-        if self.write_lock_holder is not None:
-            out["write_lock_holder"] = self.write_lock_holder
-        return out
 
 
 class Store:
@@ -131,10 +54,11 @@ class Store:
         self.durability = durability
         self.max_map_size = max_map_size
         self.file_mode = file_mode
-        self.report = OpenReport()
+        self._opening = Opening(path, durability == "sync", file_mode)
+        self.report = self._opening.report
         self._pid = os.getpid()
         self._refs = 1
-        self._gate = _Gate()
+        self._gate = TxnGate()
         self._closed = False
         # An existing store whose write lock another process holds (a commit under way, or a
         # process stopped inside one) is opened with LMDB's readonly environment, whose named
@@ -209,9 +133,9 @@ class Store:
             holder = stuck_writer(self.path)
         if holder is not None:
             self.report.write_lock_holder = holder
-            env = self._open_env(map_size, readonly=True)
+            env = self._opening.open_env(map_size, readonly=True)
             try:
-                dbs = self._open_existing_dbs(env)
+                dbs = self._opening.existing_dbs(env)
             except BaseException:
                 env.close()
                 raise
@@ -219,100 +143,12 @@ class Store:
                 self._env_readonly = True
                 return env, dbs
             env.close()
-        env = self._open_env(map_size, readonly=False)
+        env = self._opening.open_env(map_size, readonly=False)
         try:
-            return env, self._create_dbs(env)
+            return env, self._opening.create_dbs(env)
         except BaseException:
             env.close()
             raise
-
-    def _open_env(self, map_size: int, readonly: bool = False) -> lmdb.Environment:
-        for attempt in range(RESIZE_RETRIES):
-            try:
-                fresh = not os.path.exists(os.path.join(self.path, "data.mdb"))
-                env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
-                                subdir=True, sync=self.durability == "sync", metasync=True,
-                                max_readers=1024, lock=True, create=not readonly,
-                                readonly=readonly, mode=self.file_mode)
-                if fresh:     # LMDB applies the umask to ``mode``: set it exactly
-                    for name in ("data.mdb", "lock.mdb"):
-                        chmod_own(os.path.join(self.path, name), self.file_mode)
-                break
-            except lmdb.MapResizedError:
-                # another process grew the map between LMDB's open and its first transaction
-                # (py-lmdb begins one inside open): open again, which adopts the new size
-                if attempt == RESIZE_RETRIES - 1:
-                    raise CorruptStore(f"cannot open {self.path}: another process keeps growing "
-                                       f"its map; retry") from None
-            except lmdb.Error as exc:
-                self._refuse_open(exc)
-        return self._check_env(env)
-
-    def _refuse_open(self, exc: lmdb.Error):
-        if "already open in this process" in str(exc):
-            raise InvalidConfig(f"{self.path} is already open in this process through another "
-                                f"path or link; open it once and share the Broker") from None
-        if not isinstance(exc, lmdb.InvalidError):
-            raise CorruptStore(f"cannot open {self.path}: {exc}") from None
-        raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
-                           f"partq's); restore it from a DR-standby or backup") from None
-
-    def _check_env(self, env: lmdb.Environment) -> lmdb.Environment:
-        info, psize = env.info(), env.stat()["psize"]
-        needed = (info["last_pgno"] + 1) * psize
-        size = os.path.getsize(os.path.join(self.path, "data.mdb"))
-        if size < needed:
-            env.close()
-            raise CorruptStore(f"{self.path}/data.mdb is {size} bytes but its meta page says "
-                               f"{needed} are in use: the file was truncated (an interrupted copy "
-                               f"or a full disk); restore it from a DR-standby or backup")
-        self.report.stale_readers_cleared += env.reader_check()
-        return env
-
-    def _main_keys(self, env: lmdb.Environment) -> list[bytes]:
-        try:
-            with _begin_adopting(env) as txn:
-                keys = [bytes(k) for k, _ in txn.cursor()]
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
-        if keys and b"meta" not in keys:
-            raise NotAPartqStore(f"{self.path} holds an LMDB environment that is not a partq store; "
-                                 f"pass a new or empty directory")
-        return keys
-
-    def _open_existing_dbs(self, env: lmdb.Environment) -> dict[str, Any] | None:
-        """The databases of a complete store, in a readonly environment; None when a database or
-        the format stamp is missing (a creation cut short: the caller finishes it)."""
-        if not all(name.encode() in self._main_keys(env) for name in DB_NAMES):
-            return None
-        try:
-            dbs = {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
-            with _begin_adopting(env) as txn:
-                stamp = txn.get(b"format", db=dbs["meta"])
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
-        if stamp is None:
-            return None
-        self._check_stamp(bytes(stamp))
-        return dbs
-
-    def _create_dbs(self, env: lmdb.Environment) -> dict[str, Any]:
-        """Create (or finish creating) the store's databases and format stamp."""
-        self._main_keys(env)
-        dbs: dict[str, Any] = {}
-        try:
-            with _begin_adopting(env, write=True) as txn:
-                for name in DB_NAMES:
-                    dbs[name] = env.open_db(name.encode(), txn=txn, create=True)
-                stamp = txn.get(b"format", db=dbs["meta"])
-                if stamp is None:
-                    txn.put(b"format", FORMAT_STAMP, db=dbs["meta"])
-                    self.report.created = True
-                else:
-                    self._check_stamp(bytes(stamp))
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
-        return dbs
 
     def _make_writable(self) -> None:
         """Reopen a store opened read-only for writing, before this process's first write.
@@ -334,16 +170,15 @@ class Store:
             map_size = self.env.info()["map_size"]
             self.env.close()
             try:
-                env = self._open_env(map_size, readonly=False)
+                env = self._opening.open_env(map_size, readonly=False)
                 try:
-                    dbs = {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
+                    dbs = self._opening.open_dbs(env)
                 except BaseException:
                     env.close()
                     raise
             except BaseException:
-                self.env = self._open_env(map_size, readonly=True)      # as it was
-                self.dbs = {name: self.env.open_db(name.encode(), create=False)
-                            for name in DB_NAMES}
+                self.env = self._opening.open_env(map_size, readonly=True)      # as it was
+                self.dbs = self._opening.open_dbs(self.env)
                 raise
             self.env, self.dbs, self._env_readonly = env, dbs, False
 
@@ -354,13 +189,6 @@ class Store:
             return self.env.info()
         finally:
             self._gate.leave()
-
-    def _check_stamp(self, stamp: bytes) -> None:
-        if stamp != FORMAT_STAMP:
-            raise FormatVersionMismatch(
-                f"{self.path} was written in on-disk format {stamp.decode(errors='replace')!r}; "
-                f"this partq reads format {FORMAT_VERSION}: open it with the partq version "
-                f"that wrote it, or export it with that version's `partq copy-out`")
 
     # ------------------------------------------------------------------ reading
     @contextmanager
@@ -612,14 +440,3 @@ def _fork_message(path: str, parent: int) -> str:
     return (f"{path} was opened by process {parent}, and this process ({os.getpid()}) is a fork "
             f"of it: LMDB environments cannot be used or opened again in a forked child. Open the "
             f"store only after forking, or start children with multiprocessing's 'spawn' method")
-
-
-def _begin_adopting(env: lmdb.Environment, write: bool = False) -> lmdb.Transaction:
-    """A transaction of an environment no other thread uses yet (opening): adopt a map size
-    another process grew meanwhile, as ``Store._begin`` does for an open store."""
-    for _ in range(RESIZE_RETRIES):
-        try:
-            return env.begin(write=write)
-        except lmdb.MapResizedError:
-            env.set_mapsize(0)
-    return env.begin(write=write)

@@ -1,7 +1,7 @@
 """The primary side of DR-standby replication (S27, seed 001's DR steps).
 
 The primary logs every commit's logical changes under a log sequence number (LSN) while a
-standby slot exists (``storage.txn.Writer.finish``). Standbys connect through a ``Listener``
+standby slot exists (``storage.writer.Writer.finish``). Standbys connect through a ``Listener``
 (role ``"replication"``: TLS when configured, the token's challenge-response, a handshake
 timeout, a connection limit, and protected mode, loopback only, without a token). For a standby
 that passed the handshake the primary checks that the standby's history is a prefix of its own

@@ -44,7 +44,7 @@ from partq.replication.protocol import (
 from partq.replication.snapshot import install_snapshot, received, remove_leftovers
 from partq.replication.status import ReplicationStatus, u64
 from partq.storage.encoding import pack_u64
-from partq.storage.txn import decode_change
+from partq.storage.writer import decode_change
 from partq.wire import FrameError, client_handshake, parse_address, recv_frame, send_frame
 
 log = logging.getLogger("partq.replication")

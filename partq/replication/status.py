@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from partq.storage.encoding import unpack_u64
-from partq.storage.txn import decode_change
+from partq.storage.writer import decode_change
 
 
 @dataclass(frozen=True)

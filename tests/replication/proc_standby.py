@@ -34,7 +34,7 @@ def main() -> int:
         import ssl
         context = ssl.create_default_context(cafile=options["ca"])
     if "crash-after-snapshot-replace" in sys.argv[4:]:
-        from partq.storage.txn import Writer
+        from partq.storage.writer import Writer
         real_load = Writer.load_snapshot
 
         def load_then_die(self, *a, **kw):
@@ -53,7 +53,7 @@ def main() -> int:
                 write_json(status_path + ".errors", {"errors": errors, "last": repr(exc)})
             else:
                 write_json(status_path, dict(st.as_dict(), time=time.time(), pid=os.getpid(),
-                                             last_error=broker._follower.last_error,
+                                             last_error=st.last_error,
                                              status_errors=errors))
             stop.wait(0.05)
     finally:

@@ -95,7 +95,7 @@ def test_promote_live_standby_after_primary_killed(tmp_path, procs):
         with pytest.raises(partq.StandbyReadOnly):
             standby.bind("orders", name="a")
         standby.promote()
-        assert standby._follower is None
+        assert standby.replication_status().role == "primary"
         _check_promoted(standby, ready)
     finally:
         standby.close()

@@ -225,7 +225,7 @@ def test_bad_frames_end_the_link_and_never_change_data(tmp_path, caplog):
         wait_until(lambda: acks and acks[-1] == n or fake.errors, 30, "the resumed stream")
         assert not fake.errors, fake.errors
         assert standby.replication_status().applied_lsn == n
-        assert standby._follower.last_error is not None
+        assert standby.replication_status().last_error is not None
     finally:
         sampling.set()
         sampler.join()

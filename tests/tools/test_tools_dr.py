@@ -39,7 +39,7 @@ def test_standby_follows_then_dr_promote_stops_it_and_keeps_named_partitions(tmp
         held = sorted(flow.partitions)
         primary.publish_many("orders", [(b"m%d" % i, f"k{i}") for i in range(500)])
         proc = subprocess.Popen([PARTQ, "--data", str(standby_dir), "standby", "--primary",
-                                 primary._replication.address, "--interval", "0.2", "--json"],
+                                 primary.replication_address, "--interval", "0.2", "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         wait_until(lambda: primary.replication_status().connected, 30, "the standby to connect")
@@ -50,13 +50,13 @@ def test_standby_follows_then_dr_promote_stops_it_and_keeps_named_partitions(tmp
             return st.connected and st.applied_lsn >= st.head_lsn > 0
         wait_until(caught_up, 30, "the standby to catch up")
         first = json.loads(proc.stdout.readline())
-        assert first["role"] == "standby" and first["primary"] == primary._replication.address
+        assert first["role"] == "standby" and first["primary"] == primary.replication_address
 
         status = run("dr", "status", "--json", data=standby_dir)
         assert status.returncode == 0, status.stderr
         doc = json.loads(status.stdout)
         assert doc["role"] == "standby" and doc["standby_process"].startswith(f"pid {proc.pid} ")
-        again = run("standby", "--primary", primary._replication.address, data=standby_dir)
+        again = run("standby", "--primary", primary.replication_address, data=standby_dir)
         assert again.returncode == 1 and "already followed" in again.stderr
     finally:
         primary.close()

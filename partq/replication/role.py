@@ -1,0 +1,95 @@
+"""A directory's replication role in one process: a DR-standby following its primary, a primary
+serving standbys, or a primary that serves none (and still keeps ``max_slot_keep``).
+
+``Broker`` holds one and asks it whether writes are allowed, for the replication status, and
+to promote; the role owns the threads of whichever side it plays.
+"""
+from __future__ import annotations
+
+import logging
+
+from partq.errors import InvalidConfig
+from partq.oplog import LinkWatch
+from partq.replication.primary import ReplicationServer
+from partq.replication.protocol import ReplicationOptions
+from partq.replication.slots import SlotKeeper, stored_status
+from partq.replication.standby import StandbyFollower, promote_store
+from partq.replication.status import ReplicationStatus
+from partq.storage import Store
+
+log = logging.getLogger("partq.broker")
+
+STANDBY_ROLE = b"standby"        # meta ``role`` of a directory that is a DR-standby
+
+
+class ReplicationRole:
+    """What this process does for replication; ``standby`` while the directory is one."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        with store.read() as r:
+            self.standby = r.meta(b"role") == STANDBY_ROLE
+        self.server: ReplicationServer | None = None     # on a primary that listens
+        self.follower: StandbyFollower | None = None     # on a standby that follows
+        self.link_watch: LinkWatch | None = None         # logs links and lag alarms
+
+    def follow(self, primary: str, options: ReplicationOptions, has_queues: bool) -> None:
+        """Follow ``primary`` as its DR-standby (making a new directory one)."""
+        if not self.standby:
+            if has_queues:
+                raise InvalidConfig(f"{self.store.path} already holds queues; a DR-standby must "
+                                    f"start from a new directory")
+            self.store.write(lambda w: w.put_local_meta(b"role", STANDBY_ROLE))
+            self.standby = True
+        self.follower = StandbyFollower(self.store, primary, options)
+        self._watch()
+
+    def serve(self, listen: str | None, mode: str, sync_timeout: float,
+              options: ReplicationOptions) -> None:
+        """As a primary: serve standbys on ``listen``, or (None) only keep the change log's
+        bound for the slots other processes serve."""
+        if listen:
+            self.server = ReplicationServer(self.store, listen, mode, sync_timeout, options)
+            self._watch()
+        else:
+            SlotKeeper(self.store, options.slot_keep(self.store.max_map_size))
+
+    def promote(self, listen: str | None, mode: str, sync_timeout: float,
+                options: ReplicationOptions) -> None:
+        """Stop following and become a primary on a new timeline (serving ``listen``)."""
+        if not self.standby:
+            raise InvalidConfig(f"{self.store.path} is not a DR-standby; nothing to promote")
+        if self.follower is not None:
+            self.follower.close()
+            self.follower = None
+        self.store.write(promote_store)
+        self.standby = False
+        if listen:
+            self.server = ReplicationServer(self.store, listen, mode, sync_timeout, options)
+            self._watch()
+        log.info("%s promoted: it is a primary now", self.store.path)
+
+    def status(self) -> ReplicationStatus:
+        """Role, link state and lag (in messages and seconds)."""
+        if self.follower is not None:
+            return self.follower.status()
+        if self.server is not None:
+            return self.server.status()
+        return stored_status(self.store, "standby" if self.standby else "primary")
+
+    @property
+    def address(self) -> str | None:
+        """The HOST:PORT the replication listener is bound to (None when not listening)."""
+        return None if self.server is None else self.server.address
+
+    def _watch(self) -> None:
+        if self.link_watch is None:
+            self.link_watch = LinkWatch(self.status)
+
+    def close(self) -> None:
+        if self.link_watch is not None:
+            self.link_watch.close()
+        if self.follower is not None:
+            self.follower.close()
+        if self.server is not None:
+            self.server.close()
