@@ -109,7 +109,7 @@ def load_dir(path: str | os.PathLike) -> list[list[dict]]:
     return sorted(logs, key=bound_at)
 
 
-class _Report:
+class Report:
     def __init__(self) -> None:
         self.counts: dict[str, int] = defaultdict(int)
         self.examples: dict[str, list] = defaultdict(list)
@@ -171,7 +171,7 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
     kinds, ``examples`` of each violation, and ``ok`` (all violations 0). The logs are in
     delivery-ownership order (see the module doc), unless ``concurrent``: consumer processes
     delivered at the same time (``concurrent_checks``)."""
-    rep = _Report()
+    rep = Report()
     h = parse(logs)
     if concurrent:
         from concurrent_checks import check_deliveries
@@ -188,7 +188,7 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
             if mid in delivered_ids:
                 continue
             t_attempt = attempts.get(mid, pub).get("t", pub.get("t", 0.0))
-            if _dropped_by(scales, pub["partition"], t_attempt):
+            if dropped_by(scales, pub["partition"], t_attempt):
                 dropped += 1
             else:
                 rep.add("lost", pub)
@@ -230,15 +230,14 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
     return report
 
 
-def sequential_deliveries(h: Parsed, rep: _Report) -> Deliveries:
+def sequential_deliveries(h: Parsed, rep: Report) -> Deliveries:
     """The delivery-side checks when one process at a time delivered, logs in that order."""
     attempts, published, scales, stream = h.attempts, h.published, h.scales, h.stream
     # ---------------------------------------------------------------- deliveries in order
     positions: dict[tuple[int, int], str] = {}
     delivered_ids: set[str] = set()
     acked_ids: set[str] = set()
-    first_max: dict[tuple, int] = {}        # (key, p) / p -> highest seq of a *first* delivery
-    seen_max: dict[tuple, int] = {}         # (key, p) / p -> highest seq delivered so far
+    order = OrderCheck()
     redeliveries = 0
     n_delivered = 0
     key_order = KeyOrder(attempts, published, scales, stream) if all(s["online"] for s in scales) \
@@ -282,20 +281,7 @@ def sequential_deliveries(h: Parsed, rep: _Report) -> Deliveries:
             rep.add("unmarked_redeliveries", e)
         if again:
             redeliveries += 1
-        for kind, stream_key in (("order_violations", ("key", e.get("key"), p)),
-                                 ("partition_order_violations", ("p", p))):
-            if kind == "order_violations" and e.get("key") is None:
-                continue
-            bad = None
-            if not again:
-                if seq < first_max.get(stream_key, -1):
-                    bad = "first delivery out of seq order"
-                first_max[stream_key] = max(seq, first_max.get(stream_key, -1))
-            if not marked and seq < seen_max.get(stream_key, -1):
-                bad = bad or "went back in seq without redelivered"
-            seen_max[stream_key] = max(seq, seen_max.get(stream_key, -1))
-            if bad:
-                rep.add(kind, {"why": bad, "delivered": e, "highest_before": seen_max[stream_key]})
+        order.see(rep, e, (), again, "first delivery out of seq order")
         if key_order is not None and e.get("key") is not None and att is not None:
             blocking = key_order.blocking(mid, e["key"], p, att.get("t"))
             if blocking is not None:
@@ -304,7 +290,35 @@ def sequential_deliveries(h: Parsed, rep: _Report) -> Deliveries:
     return Deliveries(delivered_ids, acked_ids, n_delivered, redeliveries, key_order is not None)
 
 
-def _dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
+class OrderCheck:
+    """Delivery order per stream (a key within its partition, and a partition): a first delivery
+    never comes below an earlier first delivery's sequence, and a delivery that goes back in
+    sequence carries the redelivered mark."""
+
+    def __init__(self) -> None:
+        self.first_max: dict[tuple, int] = {}   # stream -> highest seq of a *first* delivery
+        self.seen_max: dict[tuple, int] = {}    # stream -> highest seq delivered so far
+
+    def see(self, rep: Report, e: dict, scope: tuple, again: bool, first_why: str) -> None:
+        """Check delivery ``e`` (``again``: its message was delivered before in ``scope``)."""
+        p, seq, marked = e["partition"], e["seq"], bool(e.get("redelivered"))
+        streams = [("order_violations", (*scope, "key", e["key"], p))] \
+            if e.get("key") is not None else []
+        streams.append(("partition_order_violations", (*scope, "p", p)))
+        for kind, stream in streams:
+            bad = None
+            if not again:
+                if seq < self.first_max.get(stream, -1):
+                    bad = first_why
+                self.first_max[stream] = max(seq, self.first_max.get(stream, -1))
+            if not marked and seq < self.seen_max.get(stream, -1):
+                bad = bad or "went back in seq without redelivered"
+            self.seen_max[stream] = max(seq, self.seen_max.get(stream, -1))
+            if bad:
+                rep.add(kind, {"why": bad, "delivered": e, "highest_before": self.seen_max[stream]})
+
+
+def dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
     """Whether a scale-down deleted ``partition`` after a publish attempted at ``t_attempt``."""
     return any(s["to"] <= partition and s["to"] < (s["from"] or math.inf) and t_attempt < s["end"]
                for s in scales)
@@ -322,7 +336,7 @@ class KeyOrder:
             att = attempts.get(mid)
             if att is None or att.get("key") is None or "t" not in pub:
                 continue
-            if _dropped_by(scales, pub["partition"], att.get("t", pub["t"])):
+            if dropped_by(scales, pub["partition"], att.get("t", pub["t"])):
                 continue        # may be deleted unacked: no order is owed to it
             self.by_key[att["key"]].append((pub["t"], pub["partition"], mid))
         for rows in self.by_key.values():

@@ -24,21 +24,20 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from checker import Deliveries, Parsed, _dropped_by, _Report
+from checker import Deliveries, OrderCheck, Parsed, Report, dropped_by
 
 
 def _start(e: dict) -> float:
     return e.get("t0", e["t"])
 
 
-def check_deliveries(h: Parsed, rep: _Report) -> Deliveries:
+def check_deliveries(h: Parsed, rep: Report) -> Deliveries:
     deliveries: dict[str, list[dict]] = defaultdict(list)
     ack_done: dict[str, float] = {}          # id -> earliest return of an ack
     ack_begun: dict[str, float] = {}         # id -> earliest start of an ack call
     positions: dict[tuple[int, int], str] = {}
     n_delivered = 0
-    per_log_max: dict[tuple, int] = {}
-    per_log_first: dict[tuple, int] = {}
+    order = OrderCheck()
     log = -1
     for e in h.stream:
         op = e["op"]
@@ -52,7 +51,7 @@ def check_deliveries(h: Parsed, rep: _Report) -> Deliveries:
                 ack_done[mid] = min(ack_done.get(mid, math.inf), e["t"])
             continue
         n_delivered += 1
-        mid, p, seq, marked = e.get("id"), e["partition"], e["seq"], bool(e.get("redelivered"))
+        mid, p, seq = e.get("id"), e["partition"], e["seq"]
         if mid is None:
             rep.add("garbled", e)
             continue
@@ -68,20 +67,7 @@ def check_deliveries(h: Parsed, rep: _Report) -> Deliveries:
         if other != mid:
             rep.add("position_mismatches", {"delivered": e, "already_at_position": other})
         again_here = any(d["log"] == log for d in deliveries[mid])
-        for kind, key in (("order_violations", (log, "key", e.get("key"), p)),
-                          ("partition_order_violations", (log, "p", p))):
-            if kind == "order_violations" and e.get("key") is None:
-                continue
-            bad = None
-            if not again_here:
-                if seq < per_log_first.get(key, -1):
-                    bad = "first delivery in this process out of seq order"
-                per_log_first[key] = max(seq, per_log_first.get(key, -1))
-            if not marked and seq < per_log_max.get(key, -1):
-                bad = bad or "went back in seq without redelivered"
-            per_log_max[key] = max(seq, per_log_max.get(key, -1))
-            if bad:
-                rep.add(kind, {"why": bad, "delivered": e})
+        order.see(rep, e, (log,), again_here, "first delivery in this process out of seq order")
         deliveries[mid].append({**e, "log": log})
 
     acked = set(ack_done)
@@ -104,14 +90,14 @@ def check_deliveries(h: Parsed, rep: _Report) -> Deliveries:
     return Deliveries(set(deliveries), acked, n_delivered, redeliveries, key_order)
 
 
-def _key_order(h: Parsed, rep: _Report, deliveries: dict[str, list[dict]],
+def _key_order(h: Parsed, rep: Report, deliveries: dict[str, list[dict]],
                ack_begun: dict[str, float]) -> None:
     by_key: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
     for mid, pub in h.published.items():
         att = h.attempts.get(mid)
         if att is None or att.get("key") is None or "t" not in pub:
             continue
-        if _dropped_by(h.scales, pub["partition"], att.get("t", pub["t"])):
+        if dropped_by(h.scales, pub["partition"], att.get("t", pub["t"])):
             continue
         by_key[att["key"]].append((pub["t"], pub["partition"], mid))
     for rows in by_key.values():

@@ -409,3 +409,20 @@ def test_concurrent_key_order_across_an_online_scaling():
     h.deliver_at(0, "a0", 1, 0, 10, 11).ack_at(0, "a0", 12, 13)
     h.deliver_at(1, "a1", 4, 0, 12.5, 14).ack_at(1, "a1", 16, 17)   # overlaps the ack: fine
     only(h.check(concurrent=True))
+
+
+def test_concurrent_order_is_checked_per_consumer_process():
+    """Concurrent consumers: each process's first deliveries keep sequence order; two
+    processes delivering the same partition interleaved (a move) is not a violation."""
+    h = History().publish("a", 0, 0).publish("b", 0, 1).publish("c", 0, 2)
+    h.deliver("a", 0, 0).deliver("c", 0, 2).deliver("b", 0, 1)
+    for m in "abc":
+        h.ack(m)
+    r = h.check(concurrent=True)
+    only(r, "order_violations", "partition_order_violations")
+    assert r["examples"]["order_violations"][0]["why"] == \
+        "first delivery in this process out of seq order"
+    h = History().publish("a", 0, 0).publish("b", 0, 1)
+    h.deliver("a", 0, 0).deliver("b", 0, 1)
+    h.restart_consumer().deliver("a", 0, 0, redelivered=True).ack("a").ack("b")
+    only(h.check(concurrent=True))
