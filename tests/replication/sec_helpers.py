@@ -80,6 +80,18 @@ def closed_by_peer(sock: socket.socket, timeout: float = 10) -> bool:
     return True
 
 
+def read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the other end sends until it closes (or errs, or ``timeout`` passes)."""
+    data = b""
+    sock.settimeout(timeout)
+    try:
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    except OSError:
+        pass
+    return data
+
+
 def declare_huge_frame(sock: socket.socket) -> None:
     """Send a header that declares a 256 MiB frame and the first MiB of its body. The primary
     may drop the connection before the body is out: a reset here is its refusal, seen early."""

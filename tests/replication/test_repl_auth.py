@@ -30,6 +30,7 @@ from sec_helpers import (
     host_port,
     non_loopback_ip,
     primary,
+    read_until_closed,
     rss_bytes,
     slot_ids,
     snapshot_dirs,
@@ -44,17 +45,6 @@ from partq.wire import HANDSHAKE_FRAME, NONCE_BYTES, recv_frame, send_frame
 def _identical(tmp_path, standby="standby") -> None:
     diffs = compare_stores(tmp_path / "primary", tmp_path / standby)
     assert not diffs, "\n".join(diffs)
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    data = b""
-    sock.settimeout(10)
-    try:
-        while chunk := sock.recv(1 << 16):
-            data += chunk
-    except OSError:
-        pass
-    return data
 
 
 # ---------------------------------------------------------------------- point 1
@@ -72,7 +62,7 @@ def test_a_peer_without_the_token_reads_nothing_and_gets_no_slot(tmp_path):
         # today's attack: one hello of the old protocol, any standby id
         with socket.create_connection((host, port)) as raw:
             send_frame(raw, {"type": "hello", "standby_id": "evil", "applied_lsn": None})
-            data = _read_all(raw)
+            data = read_until_closed(raw)
         assert MARKER not in data and len(data) < HANDSHAKE_FRAME
         # the real handshake with a wrong token, or none
         with pytest.raises(partq.AuthenticationFailed, match="refused the token"):
@@ -86,7 +76,7 @@ def test_a_peer_without_the_token_reads_nothing_and_gets_no_slot(tmp_path):
             send_frame(raw, {"op": "hello", "proto": "partq", "v": 1, "role": "replication",
                              "nonce": b"\0" * NONCE_BYTES, "proof": b"\0" * 32,
                              "standby_id": "evil"})
-            data = _read_all(raw)
+            data = read_until_closed(raw)
         assert hello["auth"] is True and b"refused" in data and MARKER not in data
         assert slot_ids(p) == legit, "a peer that failed the handshake got a slot"
         fill(p, 600, 300)

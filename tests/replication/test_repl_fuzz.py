@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from repl_helpers import compare_stores
-from sec_helpers import TOKEN, RawStandby, fill, host_port, primary, wait_caught_up
+from sec_helpers import (
+    TOKEN,
+    RawStandby,
+    fill,
+    host_port,
+    primary,
+    read_until_closed,
+    wait_caught_up,
+)
 
 import partq
 from partq.replication.timeline import read_history
@@ -83,13 +91,7 @@ def _exchange(host: str, port: int, payload: bytes, after_hello: bool) -> bytes:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        got = b""
-        try:
-            while chunk := sock.recv(1 << 16):
-                got += chunk
-        except OSError:
-            pass
-        return got
+        return read_until_closed(sock)
 
 
 @pytest.mark.timeout(600)
