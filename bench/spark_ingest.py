@@ -24,6 +24,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import partq
 
@@ -66,24 +68,43 @@ def spark_write(spark, df, path: str, partitions: int) -> None:
        .option("payloadColumn", "body").mode("append").save())
 
 
-def depth(path: str) -> int:
-    with partq.Broker.open(path, auto_tick=False) as broker:
-        return broker.queue_status(QUEUE).depth
+def depth(path: str, queue: str = QUEUE) -> int:
+    with partq.Broker.open(path, create=False, auto_tick=False) as broker:
+        return broker.queue_status(queue).depth
+
+
+def arguments(quick_rows: int, quick_help: str, argv=None,
+              tasks: bool = True) -> argparse.Namespace:
+    """The options both Spark benchmarks take (``--quick`` sets ``rows`` to ``quick_rows``)."""
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--partitions", type=int, default=8, help="queue partitions")
+    if tasks:
+        parser.add_argument("--tasks", type=int, default=2, help="Spark partitions of the DataFrame")
+    parser.add_argument("--keep", metavar="DIR", help="work under DIR and keep it")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows = quick_rows
+    return args
+
+
+@contextmanager
+def work_dir(prefix: str, keep: str | None) -> Iterator[str]:
+    """``keep`` (made if missing), or a temporary directory removed afterwards."""
+    base = keep or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(base, exist_ok=True)
+    try:
+        yield base
+    finally:
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--quick", action="store_true", help="20,000 rows (a smoke run)")
-    parser.add_argument("--partitions", type=int, default=8, help="queue partitions")
-    parser.add_argument("--tasks", type=int, default=2, help="Spark partitions of the DataFrame")
-    parser.add_argument("--keep", metavar="DIR", help="write under DIR and keep it")
-    args = parser.parse_args(argv)
-    rows = 20_000 if args.quick else args.rows
-
-    base = args.keep or tempfile.mkdtemp(prefix="partq-spark-bench-")
-    os.makedirs(base, exist_ok=True)
-    try:
+    args = arguments(20_000, "20,000 rows (a smoke run)", argv)
+    rows = args.rows
+    with work_dir("partq-spark-bench-", args.keep) as base:
         from partq.spark import register
         spark = spark_session("local[2]")
         register(spark)
@@ -114,9 +135,6 @@ def main(argv=None) -> int:
                           "value": round(value, 1), "peer": f"publish_many_batch{PEER_BATCH}",
                           "peer_value": round(peer_value, 1), "ratio": round(value / peer_value, 3)}),
               flush=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
     return 0
 
 

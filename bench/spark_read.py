@@ -23,18 +23,22 @@ Targets (issue 17): the stream reads at least 300k rows/s on local[2].
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from spark_ingest import PAYLOAD_BYTES, python_rows, spark_session  # noqa: E402
+from spark_ingest import (  # noqa: E402
+    PAYLOAD_BYTES,
+    arguments,
+    depth,
+    python_rows,
+    spark_session,
+    work_dir,
+)
 
 import partq  # noqa: E402
 
@@ -50,11 +54,6 @@ def fill(path: str, rows: int, partitions: int) -> None:
         broker.create_queue(QUEUE, partitions=partitions)
         for i in range(0, rows, PUBLISH_BATCH):
             broker.publish_many(QUEUE, items[i:i + PUBLISH_BATCH])
-
-
-def depth(path: str) -> int:
-    with partq.Broker.open(path, create=False, auto_tick=False) as broker:
-        return broker.queue_status(QUEUE).depth
 
 
 def batch_read(spark, path: str) -> float:
@@ -113,44 +112,32 @@ def run(spark, base: str, rows: int, partitions: int, warm_up: bool = True) -> l
         stream_read(spark, warm_path, os.path.join(base, "warmup-checkpoint"))
 
     batch_seconds = batch_read(spark, spark_path)
-    if depth(spark_path) != rows:
+    if depth(spark_path, QUEUE) != rows:
         raise SystemExit("the batch read changed the queue")
     stream_seconds = stream_read(spark, spark_path, os.path.join(base, "checkpoint"))
-    if depth(spark_path) != 0:
-        raise SystemExit(f"the stream left {depth(spark_path)} of {rows} messages unacked")
+    if depth(spark_path, QUEUE) != 0:
+        raise SystemExit(f"the stream left {depth(spark_path, QUEUE)} of {rows} messages unacked")
 
     peer_seconds = receive_ack(peer_path, rows)
-    if depth(peer_path) != 0:
-        raise SystemExit(f"the peer left {depth(peer_path)} messages unacked")
+    if depth(peer_path, QUEUE) != 0:
+        raise SystemExit(f"the peer left {depth(peer_path, QUEUE)} messages unacked")
     return [line(f"spark_batch_read_{PAYLOAD_BYTES}B", rows, batch_seconds, peer_seconds),
             line(f"spark_stream_read_{PAYLOAD_BYTES}B", rows, stream_seconds, peer_seconds)]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--quick", action="store_true",
-                        help="10,000 rows and no warm-up (a smoke run: the figures mean little)")
-    parser.add_argument("--partitions", type=int, default=8, help="queue partitions")
-    parser.add_argument("--keep", metavar="DIR", help="work under DIR and keep it")
-    args = parser.parse_args(argv)
-    rows = 10_000 if args.quick else args.rows
-
-    base = args.keep or tempfile.mkdtemp(prefix="partq-spark-read-bench-")
-    os.makedirs(base, exist_ok=True)
-    try:
+    args = arguments(10_000, "10,000 rows and no warm-up (a smoke run: the figures mean little)",
+                     argv, tasks=False)
+    with work_dir("partq-spark-read-bench-", args.keep) as base:
         from partq.spark import register
         spark = spark_session("local[2]")
         register(spark)
         try:
-            lines = run(spark, base, rows, args.partitions, warm_up=not args.quick)
+            lines = run(spark, base, args.rows, args.partitions, warm_up=not args.quick)
         finally:
             spark.stop()
         for text in lines:
             print(text, flush=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
     return 0
 
 
