@@ -31,7 +31,7 @@ from partq.storage.errors import (
 )
 from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
 from partq.storage.gate import TxnGate
-from partq.storage.txn import DB_NAMES, Reader
+from partq.storage.txn import DB_NAMES, Reader, change_log_note
 from partq.storage.writelock import WRITE_LOCK_POLL, stuck_writer, write_lock
 from partq.storage.writer import Writer
 
@@ -374,8 +374,10 @@ class Store:
         """Double the map (called by the writer after MapFull). Raises StorageFull at the limit."""
         current = self._info()["map_size"]
         if current >= self.max_map_size:
+            with self.read() as r:
+                note = change_log_note(r)
             raise StorageFull(f"{self.path} reached max_map_size={self.max_map_size} bytes; open the "
-                              f"broker with a larger max_map_size, or ack and drain messages")
+                              f"broker with a larger max_map_size, or ack and drain messages{note}")
         with self._gate.exclusive():
             self.env.set_mapsize(min(current * 2, self.max_map_size))
 

@@ -53,6 +53,20 @@ def queue_meta_key(qid: int, name: bytes) -> bytes:
     return _QUEUE_META + QID.pack(qid) + name
 
 
+CHANGE_LOG_NOTE = 1 << 20             # a full store's error names a change log this large
+
+
+def change_log_note(r: Reader) -> str:
+    """For a ``StorageFull`` message: how much of the store the replication change log holds,
+    when that is much (a standby's slot keeps it; draining messages does not free it)."""
+    st = r.db_stat("changes")
+    nbytes = (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+    if nbytes < CHANGE_LOG_NOTE:
+        return ""
+    return (f"; {nbytes / (1 << 20):.1f} MiB of it is the change log kept for DR-standbys "
+            f"(`partq dr slots` lists them, `partq dr drop-slot ID` frees what one keeps)")
+
+
 class Reader:
     """Read-only view of a consistent snapshot. Valid only inside ``Store.read()``."""
 

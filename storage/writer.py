@@ -20,7 +20,7 @@ from partq.storage.encoding import (
     unpack_u64,
 )
 from partq.storage.errors import Diverged, StorageFull
-from partq.storage.txn import MAX_QID, QID, QUEUE_REMOVED, Reader, queue_meta_key
+from partq.storage.txn import MAX_QID, QID, QUEUE_REMOVED, Reader, change_log_note, queue_meta_key
 
 
 class Writer(Reader):
@@ -164,7 +164,7 @@ class Writer(Reader):
         if not self._store.appends_allowed(self._txn):
             raise StorageFull(f"{self.path} is at max_map_size={self._store.max_map_size} bytes with "
                               f"its reserve for acks reached; ack and drain messages, or open the "
-                              f"broker with a larger max_map_size")
+                              f"broker with a larger max_map_size{change_log_note(self)}")
         heads = self._dbs["heads"]
         hkey = partition_key(qid, partition)
         raw = self._txn.get(hkey, db=heads)

@@ -14,7 +14,7 @@ from repl_helpers import compare_stores
 from sec_helpers import TOKEN, RawStandby, fill, primary, slot_ids, wait_caught_up
 
 import partq
-from partq.replication import list_slots
+from partq.replication import drop_slot, list_slots
 from partq.replication.slots import change_log_bytes
 
 PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
@@ -157,3 +157,33 @@ def test_an_absent_standby_never_fills_the_primary(tmp_path, served):
         p.close()
     diffs = compare_stores(tmp_path / "primary", tmp_path / "standby")
     assert not diffs, "\n".join(diffs)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_store_names_the_change_log_a_slot_keeps(tmp_path):
+    """A store full of unacked messages and of the change log an absent standby's slot keeps:
+    StorageFull says how much the change log holds and how to free it, and dropping the slot
+    (as it says) makes room to publish again."""
+    opts = dict(map_size=MiB, max_map_size=8 * MiB)
+    p = primary(tmp_path / "primary", **opts)
+    batch = [(b"f" * 1000, f"k{j}") for j in range(50)]
+    p.create_queue("q", partitions=2)
+    for _ in range(80):                           # 4 MiB before the standby: not in the log
+        p.publish_many("q", batch)
+    s = partq.Broker.open(tmp_path / "standby", standby_of=p.replication_address,
+                          replication_token=TOKEN)
+    try:
+        wait_caught_up(p)
+        [sid] = slot_ids(p)
+    finally:
+        s.close()
+    try:
+        with pytest.raises(partq.StorageFull) as full:
+            for _ in range(1000):         # 50 MiB more: the log stays under max_slot_keep
+                p.publish_many("q", batch)
+        message = str(full.value)
+        assert "change log kept for DR-standbys" in message and "drop-slot" in message, message
+        assert drop_slot(p.store, sid)
+        p.publish_many("q", batch)
+    finally:
+        p.close()
