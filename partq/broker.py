@@ -36,7 +36,7 @@ from partq.rebalancer import Rebalancer
 from partq.replication import ReplicationStatus, check_sync_timeout, replication_options
 from partq.replication.role import ReplicationRole
 from partq.states import ScalingState
-from partq.status import QueueStatus, build_queue_status
+from partq.status import QueueStatus, build_queue_status, with_owner_warning
 from partq.storage import Store
 from partq.storage.encoding import PARENT
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
@@ -421,7 +421,9 @@ class Broker:
             if raw is None:
                 raise QueueNotFound(f"no queue named {queue!r}")
             config = QueueConfig.from_dict(raw)
-            return build_queue_status(r, config, view, queue_holder(self.path, config.qid))
+            owner = queue_holder(self.path, config.qid)
+            st = build_queue_status(r, config, view, owner)
+        return with_owner_warning(st, self.path, config.qid, view is None)
 
     def rebalance_plan(self, queue: str, consumers: int | None = None,
                        add: Iterable[str] = (), remove: Iterable[str] = ()) -> dict:

@@ -53,7 +53,7 @@ from partq.errors import (
 )
 from partq.publishing import Publisher
 from partq.replication.role import ReplicationRole
-from partq.status import QueueStatus, build_queue_status
+from partq.status import QueueStatus, build_queue_status, with_owner_warning
 from partq.storage import Reader, Store
 from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
 from partq.storage.environment import OpenReport
@@ -318,6 +318,7 @@ class ReadOnlyBroker(Broker):
                 raise QueueNotFound(f"no queue named {queue!r}")
             config = QueueConfig.from_dict(raw)
             st = build_queue_status(r, config, view, queue_holder(self.path, config.qid))
+        st = with_owner_warning(st, self.path, config.qid, view is None)
         locks = os.path.join(self.path, LOCK_DIR)
         if os.path.isdir(locks) and not os.access(locks, os.R_OK | os.X_OK):
             st = dataclasses.replace(st, warnings=[*st.warnings, (

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from partq.config import QueueConfig
+from partq.delivery.control import silent_owner_warning
 from partq.delivery.holds import hold_report, read_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.state import DeliveryView, SlotView, decode_state, stored_view
@@ -66,6 +67,16 @@ class QueueStatus:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def with_owner_warning(st: QueueStatus, store_path: str, qid: int,
+                       not_answered: bool) -> QueueStatus:
+    """``st``, warning when a process holds the queue's delivery lock but ``not_answered`` (no
+    live view came from it): a stopped owner stalls every consumer of other processes."""
+    if not not_answered or st.delivery_owner is None:
+        return st
+    warning = silent_owner_warning(store_path, qid, st.delivery_owner)
+    return st if warning is None else dataclasses.replace(st, warnings=[*st.warnings, warning])
 
 
 def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,

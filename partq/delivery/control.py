@@ -75,6 +75,36 @@ def query_view(store_path: str, qid: int) -> dict | None:
     return None
 
 
+def silent_owner_warning(store_path: str, qid: int, owner: str) -> str | None:
+    """What to tell an operator when ``owner`` holds queue id ``qid``'s delivery lock but its
+    control socket did not answer (``query_view`` gave None): flows of other processes wait for
+    it. None when this process may not reach the socket (another user: not the owner's fault)."""
+    path = socket_path(store_path, qid)
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return None
+    if process_stopped(owner):
+        return (f"the delivery owner ({owner}) is stopped (SIGSTOP, a debugger or a suspended "
+                f"terminal job): consumers in other processes get nothing until it continues "
+                f"(kill -CONT) or exits; statuses shown are those it last stored")
+    return (f"the delivery owner ({owner}) did not answer within 2 s (busy, starting or stopped): "
+            f"consumers in other processes wait for it; statuses shown are those it last stored")
+
+
+def process_stopped(owner: str) -> bool:
+    """Whether the lock holder ``owner`` ("pid P on HOST since T") is a stopped process of this
+    host (Linux's /proc; False where that cannot be told)."""
+    parts = owner.split()
+    if len(parts) < 4 or parts[0] != "pid" or not parts[1].isdigit() \
+            or parts[3] != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{parts[1]}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
+
+
 def socket_path(store_path: str, qid: int) -> str:
     from partq.delivery.lock import LOCK_DIR
     return os.path.join(store_path, LOCK_DIR, f"{qid}.sock")

@@ -1,16 +1,21 @@
 """Acks from a flow served by another process's delivery owner (S29, S33), step by step: an
 ack batch that spans a partition the flow lost is refused whole, and acking the rest afterwards
-is durable (a lost partition must not leave acks in the follower's memory that never commit)."""
+is durable (a lost partition must not leave acks in the follower's memory that never commit).
+And a stopped owner, which every such flow waits for, is named in the queue's status."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+
+from helpers import wait_until
 
 import partq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
 
 
 class Scripted:
@@ -67,4 +72,35 @@ def test_an_ack_batch_over_a_lost_partition_then_the_rest(tmp_path):
         c.unbind()
     finally:
         b.close()
+        owner.close()
+
+
+def test_a_stopped_delivery_owner_is_named_in_the_status(tmp_path):
+    """The owner of a queue's delivery, stopped with SIGSTOP, keeps its lock, and consumers in
+    other processes wait for it: `queue_status` from another process (and `partq queue show`)
+    says so, and the warning goes once it continues."""
+    data = str(tmp_path / "data")
+    with partq.Broker.open(data) as admin:
+        admin.create_queue("q", partitions=2)
+    owner = Scripted(data)
+    watcher = partq.Broker.open(data)
+    try:
+        assert owner(op="bind", name="a")["ok"]             # the scripted process owns delivery
+        assert watcher.queue_status("q").warnings == []
+        owner.proc.send_signal(signal.SIGSTOP)
+        try:
+            st = wait_until(lambda: (lambda s: s if s.warnings else None)(
+                watcher.queue_status("q")), 30, "a warning about the stopped owner")
+            [warning] = st.warnings
+            assert f"pid {owner.proc.pid}" in warning and "is stopped" in warning, warning
+            shown = subprocess.run([PARTQ, "--data", data, "queue", "show", "q", "--json"],
+                                   capture_output=True, text=True, timeout=60)
+            assert "is stopped" in json.loads(shown.stdout)["status"]["warnings"][0], shown
+            assert "is stopped" in shown.stderr, shown
+        finally:
+            owner.proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: watcher.queue_status("q").warnings == [], 30,
+                   "the warning to go once the owner continues")
+    finally:
+        watcher.close()
         owner.close()
