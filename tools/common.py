@@ -9,7 +9,9 @@ import contextlib
 import errno
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 import click
@@ -210,3 +212,23 @@ def confirm(yes: bool, question: str, flag_hint: str) -> None:
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise UserError(message)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) set a flag that long work checks between
+    its steps, so it stops where it can resume (handlers only set flags). Outside the main
+    thread, where Python cannot set handlers, the flag is never set."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

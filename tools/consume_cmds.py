@@ -13,8 +13,7 @@ import click
 
 from partq.errors import PartqError
 from partq.notation import partition_label
-from partq.tools.common import App, pass_app, require
-from partq.tools.copy_cmds import stop_on_signals
+from partq.tools.common import App, pass_app, require, stop_on_signals
 from partq.tools.output import (
     PAYLOAD_MODES,
     Output,

@@ -10,15 +10,13 @@ typically into the same, now partitioned, queue (``partq copy-out Q --parent --t
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 
 import click
 
 from partq import copyin, copyout
 from partq.notation import partition_label
 from partq.sinks import FORMATS
-from partq.tools.common import App, UserError, pass_app
+from partq.tools.common import App, UserError, pass_app, stop_on_signals
 from partq.tools.output import Output, output_options
 
 
@@ -155,21 +153,3 @@ def copy_in(app: App, queue: str, file: str, fmt: str, batch: int, out: Output) 
                         f"command again to continue")
 
 
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT/SIGTERM set a flag the copy checks between batches (handlers only set flags)."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {}
-
-    def handler(signum, frame):
-        stop.set()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -13,8 +13,7 @@ from partq.message_input import (
     publish_batches,
     text_items,
 )
-from partq.tools.common import App, UserError, pass_app
-from partq.tools.copy_cmds import stop_on_signals
+from partq.tools.common import App, UserError, pass_app, stop_on_signals
 from partq.tools.output import Output, output_options
 
 

@@ -7,20 +7,15 @@ ingress restored; a run that is killed outright leaves its record, which the nex
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
-import threading
 import time
 from typing import Any
 
 import click
 
 from partq import scaling
-from partq.tools.common import App, confirm, pass_app, require
+from partq.tools.common import App, confirm, pass_app, require, stop_on_signals
 from partq.tools.output import Output, output_options
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class HumanReporter(scaling.Reporter):
@@ -87,21 +82,6 @@ class JsonReporter(scaling.Reporter):
         self.out.line({"step": step, "name": name, "title": title, "status": status,
                        "seconds": round(seconds, 6), **detail, "notes": self.notes})
         self.notes = []
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT, SIGTERM and SIGHUP set a flag the procedure checks (handlers only set flags)."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @click.command()

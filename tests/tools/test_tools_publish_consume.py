@@ -161,8 +161,10 @@ def test_consume_is_served_by_the_delivery_owner_of_another_process(partq_script
         service.unbind()
 
 
-def test_consume_named_runs_until_sigterm(partq_script, data, q):
-    """Without --max or --timeout it runs until a signal, bound under its --name."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_consume_named_runs_until_sigterm(partq_script, data, q, sig):
+    """Without --max or --timeout it runs until a signal, bound under its --name; SIGTERM and
+    SIGHUP (its terminal closed) end it cleanly, as Ctrl-C does."""
     proc = subprocess.Popen([partq_script, "--data", data, "consume", q, "--ack", "--name",
                              "debugger"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -172,7 +174,7 @@ def test_consume_named_runs_until_sigterm(partq_script, data, q):
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < deadline, "the consumer never bound"
                 time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
