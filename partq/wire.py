@@ -39,30 +39,27 @@ def send_frame(sock: socket.socket, obj) -> None:
 
 
 def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME):
-    length, crc = HEADER.unpack(recv_exact(sock, HEADER.size))
-    if length > max_frame:
-        raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
-    body = recv_exact(sock, length)
-    if crc32c.crc32c(body) != crc:
-        raise FrameError("frame crc32c mismatch")
-    try:
-        return msgpack.unpackb(body, raw=False)
-    except Exception as exc:
-        raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
+    return _read(lambda n: recv_exact(sock, n), max_frame)
 
 
 def read_frame(stream, max_frame: int = MAX_FRAME):
     """``recv_frame`` from a buffered binary stream (``socket.makefile("rb")``): one system call
     reads many small frames."""
-    header = stream.read(HEADER.size)
-    if len(header) < HEADER.size:
-        raise FrameError(f"connection closed mid-frame ({len(header)} of {HEADER.size} bytes)")
-    length, crc = HEADER.unpack(header)
+    def read(n: int) -> bytes:
+        data = stream.read(n)
+        if len(data) < n:
+            raise FrameError(f"connection closed mid-frame ({len(data)} of {n} bytes)")
+        return data
+    return _read(read, max_frame)
+
+
+def _read(read, max_frame: int):
+    """One frame through ``read(n)`` (exactly n bytes, or ``FrameError``): its length checked
+    before the body is read, then its checksum, then its msgpack."""
+    length, crc = HEADER.unpack(read(HEADER.size))
     if length > max_frame:
         raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
-    body = stream.read(length)
-    if len(body) < length:
-        raise FrameError(f"connection closed mid-frame ({len(body)} of {length} bytes)")
+    body = read(length)
     if crc32c.crc32c(body) != crc:
         raise FrameError("frame crc32c mismatch")
     try:
