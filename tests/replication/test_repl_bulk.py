@@ -68,9 +68,11 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     assert done["published"] == COUNT
 
     def caught_up():
+        # the primary's head as it reports it now: its settling is a pause of 0.3 s without a
+        # commit, and a late delivery-state write after it is rare but allowed
         st, pst = sample(status), read_json(tmp_path / "status.json")
         return (st is not None and pst is not None and st["connected"]
-                and st["applied_lsn"] >= done["head_lsn"] and pst["head_lsn"] == done["head_lsn"]
+                and st["applied_lsn"] >= pst["head_lsn"] >= done["head_lsn"]
                 and pst["lag_messages"] == 0)
     wait_until(caught_up, 60, f"standby applied_lsn to reach the primary's head {done['head_lsn']}",
                procs=[primary, standby])
@@ -80,7 +82,7 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     # applied_lsn never went backwards, across two SIGKILLs
     assert applied_seen == sorted(applied_seen), applied_seen
     pmeta, smeta = meta_of(pdir), meta_of(sdir)
-    assert u64(smeta[b"applied_lsn"]) == u64(pmeta[b"lsn"]) == done["head_lsn"]
+    assert u64(smeta[b"applied_lsn"]) == u64(pmeta[b"lsn"]) >= done["head_lsn"]
     assert b"role" in smeta and b"slots" not in smeta
 
     diffs = compare_stores(pdir, sdir)
