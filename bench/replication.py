@@ -1,19 +1,22 @@
 """Replication benchmark (S27): publish throughput with no standby, an async standby and a sync
 standby, side by side in one run, and the standby's lag under load.
 
-    python bench/replication.py [--quick] [--seconds S] [--rounds R]
+    python bench/replication.py [--quick] [--seconds S] [--pairs N]
 
-Prints one JSON object per line: ``name``, ``unit``, ``value``, ``peer``, ``peer_value``, ``ratio``
-(value / peer_value, null without a peer or when the peer is 0).
+Prints one JSON object per line (``bench/method.py``): first the machine's load, then lines with
+``name``, ``unit``, ``value``, and beside a peer ``peer``, ``peer_value``, ``ratio`` (the median
+of the pairs' ratios) with ``ratio_min``, ``ratio_max`` and ``pairs``.
 
 * ``publish_many_b100.<mode>``: msgs/s publishing batches of 100 messages of 256 bytes (keyed)
   from one thread;
 * ``publish_single_8t.<mode>``: msgs/s of single ``publish`` calls from 8 threads (group commit);
 
-each workload runs for a fixed time (``--seconds``, 6 by default, 0.5 with ``--quick``) and the
-modes take turns, ``--rounds`` times (2 by default; after one unreported warm-up run), every other
-round in the reverse order: a figure is the median of its rounds, so disk noise, warm-up and the
-load of a shared machine do not favour the modes that run last.
+Every configuration is opened once, with its standby process linked, and the workloads run in
+slices interleaved across configurations (``bench/method.py``: one warm-up round, then
+``--pairs`` rounds, 7 by default; a slice is ``--seconds`` / pairs, 8 s by default): a ratio is
+the median of the rounds' ratios with its min and max, so the disk's drift and a shared
+machine's load fall on both sides of every pair. After each slice the standby catches up before
+the next configuration runs.
 
 where ``<mode>`` is ``no_standby``, ``async_standby`` or ``sync_standby``; the standby runs in a
 separate process (this script with ``--standby``) on 127.0.0.1, its directory on the same disk.
@@ -21,8 +24,9 @@ Every broker uses durability="sync" (fsync per commit, the default). Rows with a
 the no-standby figure of the same workload as their peer.
 
 * ``replication_lag.<mode>.{messages,seconds}_{max,mean}``: the standby's lag as the primary
-  reports it (``replication_status()``), sampled every 10 ms during both publish workloads;
-  the async figures have the sync ones as their peer.
+  reports it (``replication_status()``), sampled every 10 ms during both publish workloads (per
+  round: the max or mean of that round's slices); the async figures have the sync ones as
+  their peer.
 * ``publish_many_b100.<async|sync>_standby_token`` and ``..._standby_tls``: the cost of
   authentication (a token proven at connect: it should cost nothing once linked) and of TLS
   (the token and TLS 1.3 from the standard ``ssl`` module, a certificate made for the run with
@@ -32,7 +36,6 @@ the no-standby figure of the same workload as their peer.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -46,20 +49,16 @@ import time
 
 import partq
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from method import DEFAULT_PAIRS, emit, header, interleave, line, log  # noqa: E402
+
 PAYLOAD = b"p" * 256
 TOKEN = "bench-replication-token-0123456789"
 # mode -> (replication mode, security): "plain" (protected mode, loopback), "token", "tls"
 MODES = {"none": (None, "plain"), "async": ("async", "plain"), "sync": ("sync", "plain"),
          "async_token": ("async", "token"), "sync_token": ("sync", "token"),
          "async_tls": ("async", "tls"), "sync_tls": ("sync", "tls")}
-
-
-def emit(name: str, unit: str, value: float, peer: str | None = None,
-         peer_value: float | None = None) -> None:
-    ratio = value / peer_value if peer_value else None
-    print(json.dumps({"name": name, "unit": unit, "value": round(value, 4), "peer": peer,
-                      "peer_value": None if peer_value is None else round(peer_value, 4),
-                      "ratio": None if ratio is None else round(ratio, 4)}), flush=True)
 
 
 # ---------------------------------------------------------------------- standby process
@@ -176,94 +175,131 @@ def wait_linked(broker: partq.Broker, standby: subprocess.Popen, timeout: float 
         time.sleep(0.01)
 
 
-def run_mode(mode: str, seconds: float, workdir: str, certs: Certificates) -> dict:
-    """One broker (and standby) per mode; both workloads on the plain modes, publish_many_b100
-    alone on the token and TLS ones. Returns rates and lag samples."""
-    path = os.path.join(workdir, mode, "primary")
-    repl_mode, security = MODES[mode]
-    kwargs: dict = {}
-    if repl_mode is not None:
-        kwargs = {"replication_listen": "127.0.0.1:0", "replication_mode": repl_mode,
-                  "replication_token": None if security == "plain" else TOKEN,
-                  "replication_ssl": certs.server if security == "tls" else None}
-    broker = partq.Broker.open(path, **kwargs)
-    standby = None
-    try:
-        sampler = None
-        if repl_mode is not None:     # linked first: a sync primary holds commits for it
-            standby = start_standby(os.path.join(workdir, mode, "standby"),
-                                    str(broker.replication_address), security, certs.ca_file)
-            wait_linked(broker, standby)
-        broker.create_queue("bm", partitions=8)
-        broker.create_queue("bs", partitions=8)
+class Setup:
+    """One configuration, open for the whole run: a primary and (but for "none") its standby
+    process, linked and caught up, with the two queues of the workloads."""
+
+    def __init__(self, mode: str, workdir: str, certs: Certificates) -> None:
+        self.mode = mode
+        repl_mode, security = MODES[mode]
+        kwargs: dict = {}
         if repl_mode is not None:
-            broker.update_queue("bm", rebalance_delay=5.0)   # one LSN the standby must ack
-            wait_caught_up(broker)
-            sampler = LagSampler(broker)
-        result = {"publish_many_b100": publish_many_b100(broker, seconds)}
-        if security == "plain":
-            result["publish_single_8t"] = publish_single_8t(broker, seconds)
+            kwargs = {"replication_listen": "127.0.0.1:0", "replication_mode": repl_mode,
+                      "replication_token": None if security == "plain" else TOKEN,
+                      "replication_ssl": certs.server if security == "tls" else None}
+        self.broker = partq.Broker.open(os.path.join(workdir, mode, "primary"), **kwargs)
+        self.standby: subprocess.Popen | None = None
+        self.lag: dict[str, list[float]] = {}    # "messages_max" etc. -> one figure per slice
+        try:
+            if repl_mode is not None:     # linked first: a sync primary holds commits for it
+                self.standby = start_standby(os.path.join(workdir, mode, "standby"),
+                                             str(self.broker.replication_address), security,
+                                             certs.ca_file)
+                wait_linked(self.broker, self.standby)
+            self.broker.create_queue("bm", partitions=8)
+            self.broker.create_queue("bs", partitions=8)
+            if repl_mode is not None:
+                self.broker.update_queue("bm", rebalance_delay=5.0)   # an LSN to ack
+                wait_caught_up(self.broker)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, workload, seconds: float) -> float:
+        """One slice of ``workload``; the lag sampled meanwhile; then the standby catches up."""
+        sampler = LagSampler(self.broker) if self.standby is not None else None
+        rate = workload(self.broker, seconds)
         if sampler is not None:
             sampler.stop()
-            result["lag_messages"] = sampler.messages or [0]
-            result["lag_seconds"] = sampler.seconds or [0.0]
-            wait_caught_up(broker)
-        return result
-    finally:
-        broker.close()
-        if standby is not None:
-            standby.send_signal(signal.SIGTERM)
+            for series, samples in (("messages", sampler.messages or [0]),
+                                    ("seconds", sampler.seconds or [0.0])):
+                self.lag.setdefault(f"{series}_max", []).append(float(max(samples)))
+                self.lag.setdefault(f"{series}_mean", []).append(statistics.fmean(samples))
+            wait_caught_up(self.broker)
+        return rate
+
+    def close(self) -> None:
+        self.broker.close()
+        if self.standby is not None:
+            self.standby.send_signal(signal.SIGTERM)
             try:
-                standby.wait(30)
+                self.standby.wait(30)
             except subprocess.TimeoutExpired:
-                standby.kill()
-                standby.wait()
+                self.standby.kill()
+                self.standby.wait()
+
+
+WORKLOADS = {"publish_many_b100": publish_many_b100, "publish_single_8t": publish_single_8t}
+SHOWN = {"none": "no_standby", "async": "async_standby", "sync": "sync_standby"}
+
+
+def shown(mode: str) -> str:
+    repl, _, security = mode.partition("_")
+    return SHOWN[mode] if mode in SHOWN else f"{SHOWN[repl]}_{security}"
+
+
+def per_round(values: list[float], stat: str) -> list[float]:
+    """Lag figures of one configuration, one per slice, merged to one per round: a round ran
+    a slice of each workload (``stat``: "max" or "mean" of them)."""
+    n = len(WORKLOADS)
+    merge = max if stat == "max" else statistics.fmean
+    return [float(merge(values[i:i + n])) for i in range(0, len(values), n)]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    ap.add_argument("--seconds", type=float, help="time per workload and mode (default 6)")
-    ap.add_argument("--rounds", type=int, help="turns of the three modes (default 2)")
+    ap.add_argument("--seconds", type=float,
+                    help="measuring time per workload and configuration, over all its slices "
+                         "(default 8, or 0.5 with --quick)")
+    ap.add_argument("--pairs", "--rounds", type=int, dest="pairs",
+                    help=f"interleaved rounds after the warm-up (default {DEFAULT_PAIRS}, or 1 "
+                         f"with --quick)")
     ap.add_argument("--standby", nargs=4, metavar=("DIR", "PRIMARY", "SECURITY", "CA"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.standby:
         return run_standby(*args.standby)
-    seconds = args.seconds or (0.5 if args.quick else 6.0)
-    rounds = args.rounds or (1 if args.quick else 2)
+    pairs = max(1, args.pairs or (1 if args.quick else DEFAULT_PAIRS))
+    seconds = args.seconds or (0.5 if args.quick else 8.0)
+    t = seconds / pairs
+    emit(header("replication", pairs, slice_seconds=round(t, 3)))
     workdir = tempfile.mkdtemp(prefix="partq-bench-repl-")
     certs = Certificates(workdir)
     modes = [m for m in MODES if MODES[m][1] != "tls" or certs.server is not None]
     if certs.server is None:
-        print("trustme is not installed: no TLS lines (pip install trustme)", file=sys.stderr)
-    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        log("replication", "trustme is not installed: no TLS lines (pip install trustme)")
+    setups: dict[str, Setup] = {}
     try:
-        if not args.quick:
-            run_mode("none", seconds / 2, os.path.join(workdir, "warmup"), certs)
-        for r in range(rounds):       # every other round backwards: no mode always runs late
-            for mode in (modes if r % 2 == 0 else modes[::-1]):
-                runs[mode].append(run_mode(mode, seconds, os.path.join(workdir, f"{r}"), certs))
+        for mode in modes:
+            setups[mode] = Setup(mode, workdir, certs)
+        jobs = [(f"{workload}.{shown(mode)}",
+                 lambda s=setups[mode], w=WORKLOADS[workload]: s.run(w, t))
+                for workload in WORKLOADS for mode in modes
+                if workload == "publish_many_b100" or MODES[mode][1] == "plain"]
+        m = interleave(jobs, pairs, warm=not args.quick, script="replication")
     finally:
+        for setup in setups.values():
+            setup.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    for workload in ("publish_many_b100", "publish_single_8t"):
-        rate = {mode: statistics.median(run[workload] for run in runs[mode]) for mode in modes
-                if workload in runs[mode][0]}
-        emit(f"{workload}.no_standby", "msgs/s", rate["none"])
+    for workload in WORKLOADS:
+        base = f"{workload}.no_standby"
+        emit(line(base, "msgs/s", m[base]))
         for mode in ("async", "sync"):
-            emit(f"{workload}.{mode}_standby", "msgs/s", rate[mode],
-                 f"{workload}.no_standby", rate["none"])
-        for mode in ("async", "sync"):
-            for security in ("token", "tls"):
-                if f"{mode}_{security}" in rate:
-                    emit(f"{workload}.{mode}_standby_{security}", "msgs/s",
-                         rate[f"{mode}_{security}"], f"{workload}.{mode}_standby", rate[mode])
+            name = f"{workload}.{shown(mode)}"
+            emit(line(name, "msgs/s", m[name], base, m[base]))
+        for mode in modes:
+            name = f"{workload}.{shown(mode)}"
+            if MODES[mode][1] != "plain" and name in m:
+                peer = f"{workload}.{shown(MODES[mode][0])}"
+                emit(line(name, "msgs/s", m[name], peer, m[peer], digits=1))
     for series, unit in (("messages", "messages"), ("seconds", "s")):
-        for stat, fn in (("max", max), ("mean", statistics.fmean)):
-            values = {mode: float(fn([v for run in runs[mode] for v in run[f"lag_{series}"]]))
-                      for mode in ("async", "sync")}
-            emit(f"replication_lag.async.{series}_{stat}", unit, values["async"],
-                 f"replication_lag.sync.{series}_{stat}", values["sync"])
+        for stat in ("max", "mean"):
+            key = f"{series}_{stat}"          # the warm-up round's slices are dropped
+            a = per_round(setups["async"].lag[key], stat)[-pairs:]
+            s = per_round(setups["sync"].lag[key], stat)[-pairs:]
+            emit(line(f"replication_lag.async.{key}", unit, a, f"replication_lag.sync.{key}", s,
+                      digits=4))
     return 0
 
 
