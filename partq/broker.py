@@ -11,7 +11,6 @@ so open brokers after forking, or use 'spawn'.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import random
 import weakref
@@ -43,8 +42,6 @@ from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 if TYPE_CHECKING:
     from partq.metrics import MetricsServer
-
-log = logging.getLogger("partq.broker")
 
 
 def _create_logs(w, config: QueueConfig) -> None:

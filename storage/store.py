@@ -317,11 +317,16 @@ class Store:
     def remove_commit_stats_hook(self, fn: Callable[[float, int, int], None]) -> None:
         self._writer.remove_stats_listener(fn)
 
-    def guard_change_log(self, fn: Callable[[Writer], None] | None) -> None:
+    def guard_change_log(self, fn: Callable[[Writer], None]) -> None:
         """Call ``fn(writer)`` inside every commit of this process that wrote the change log,
         after its entry, so that it may trim the log in the same transaction: a bound on the
-        log that holds at every commit, however busy the process; None removes it."""
+        log that holds at every commit, however busy the process (the latest guard wins)."""
         self._writer.change_log_guard = fn
+
+    def remove_change_log_guard(self, fn: Callable[[Writer], None]) -> None:
+        """Remove ``fn`` if it is the guard (another's, set later, stays)."""
+        if self._writer.change_log_guard is fn:
+            self._writer.change_log_guard = None
 
     def set_sync_gate(self, gate) -> None:
         """Hold the callers of commits that wrote replicated changes in ``gate`` (its

@@ -124,7 +124,8 @@ class ReplicationServer:
         self.timeline = store.write(self._begin_incarnation)
         self._snapshots = SnapshotSender(store, self._stop)
         store.on_commit(self._on_commit)
-        store.guard_change_log(slots.bound_at_commit(self.max_slot_keep, self._link_acks))
+        self._guard = slots.bound_at_commit(self.max_slot_keep, self._link_acks)
+        store.guard_change_log(self._guard)
         if self.gate is not None:
             store.set_sync_gate(self.gate)
         try:
@@ -345,7 +346,7 @@ class ReplicationServer:
 
     def _unhook(self) -> None:
         self.store.remove_commit_hook(self._on_commit)
-        self.store.guard_change_log(None)
+        self.store.remove_change_log_guard(self._guard)
         if self.gate is not None:
             self.store.set_sync_gate(None)
             self.gate.close()

@@ -222,7 +222,8 @@ class SlotKeeper:
         self._wake = threading.Event()
         self._seen_lsn = store.last_lsn
         store.on_commit(self._on_commit)
-        store.guard_change_log(bound_at_commit(max_keep))
+        self._guard = bound_at_commit(max_keep)
+        store.guard_change_log(self._guard)
         self._thread = threading.Thread(target=self._run, name="partq-slot-keeper", daemon=True)
         self._thread.start()
 
@@ -254,7 +255,7 @@ class SlotKeeper:
         self._stop.set()
         self._wake.set()
         self.store.remove_commit_hook(self._on_commit)
-        self.store.guard_change_log(None)
+        self.store.remove_change_log_guard(self._guard)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
