@@ -44,6 +44,9 @@ def render(snap: Snapshot, r: Rates, interval: float, max_partitions: int) -> Gr
     parts.append(_queues(snap, r))
     for name, error in sorted(snap.errors.items()):
         parts.append(Text(printable(f"queue {name}: {error}"), style="red"))
+    for q in snap.queues:        # a stopped delivery owner, an interrupted scaling
+        for warning in q.warnings:
+            parts.append(Text(printable(f"queue {q.name}: {warning}"), style="yellow"))
     parts.append(_partitions(snap, r, max_partitions))
     parts.append(_flows(snap, r))
     parts.append(_replication(snap))

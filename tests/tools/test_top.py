@@ -3,6 +3,7 @@
 until the queue's depth has changed on it several times, and q ends it."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -119,3 +120,20 @@ def test_rates_are_per_second_between_two_snapshots():
     assert r.published == {"q": 20.0, "new": 0.0}         # a queue seen once has no rate yet
     assert r.acked["q"] == 15.0
     assert rates(None, after).published == {"q": 0.0, "new": 0.0}
+
+
+def test_a_queues_warnings_are_shown_under_the_queues():
+    """What `queue show` warns about (a stopped delivery owner, an interrupted scaling) is on
+    the live view too, under the queues table."""
+    from rich.console import Console
+
+    from partq.tools.top_view import render
+    warned = dataclasses.replace(_status("q", [(0, 10, 3)]), warnings=[
+        "the delivery owner (pid 42 on h since t) is stopped (SIGSTOP, a debugger or a "
+        "suspended terminal job)"])
+    snap = Snapshot(1.0, "d", [warned, _status("calm", [(0, 1, 1)])])
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render(snap, rates(snap, snap), 1.0, 16))
+    text = console.export_text()
+    assert "queue q: the delivery owner (pid 42 on h since t) is stopped" in text, text
+    assert "queue calm:" not in text
