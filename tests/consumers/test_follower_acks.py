@@ -86,7 +86,8 @@ def test_a_stopped_delivery_owner_is_named_in_the_status(tmp_path):
     watcher = partq.Broker.open(data)
     try:
         assert owner(op="bind", name="a")["ok"]             # the scripted process owns delivery
-        assert watcher.queue_status("q").warnings == []
+        wait_until(lambda: watcher.queue_status("q").warnings == [], 30,
+                   "the owner's control socket to answer")
         owner.proc.send_signal(signal.SIGSTOP)
         try:
             st = wait_until(lambda: (lambda s: s if s.warnings else None)(
