@@ -1,10 +1,11 @@
 """DR-standby replication over TCP (S27, seed 001's DR steps, S34's listener rules).
 
-The rooms: ``protocol`` (options, frame bounds and checks), ``primary`` (the listener's side),
-``standby`` (the follower), ``gate`` (sync mode's wait for a standby), ``slots`` (what the
-primary keeps per standby, and its bound), ``snapshot`` (one in flight, streamed into the
-standby's own directory), ``timeline`` (histories, so a standby never follows a primary whose
-commits are not its own), ``status`` (what both report). Frames and the handshake are
+The rooms: ``role`` (what a process plays: follow, serve, promote), ``protocol`` (options,
+frame bounds and checks), ``primary`` (the listener's side), ``standby`` (the follower),
+``gate`` (sync mode's wait for a standby), ``slots`` (what the primary keeps per standby, and
+its bound), ``snapshot`` (one in flight, streamed into the standby's own directory),
+``timeline`` (histories, so a standby never follows a primary whose commits are not its own),
+``status`` (what both report). Frames and the handshake are
 ``partq.wire``'s; the listener is ``partq.listener``'s.
 """
 from partq.errors import ReplicationRefused, ReplicationTimeout
