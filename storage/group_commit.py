@@ -83,9 +83,9 @@ class GroupCommitWriter:
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
         self.sync_gate: SyncGate | None = None     # set by a sync-mode replication server: holds callers
+                                  # until the standby has their commit (S27)
         # set by replication: runs inside each commit that wrote the change log, after its entry
         self.change_log_guard: Callable[[Writer], None] | None = None
-                                  # until the standby has their commit (S27)
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
 
