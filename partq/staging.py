@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 
-from partq.errors import InvalidConfig
+from partq.errors import InvalidConfig, QueueNotFound
 from partq.job_commit import JobCommit, abort_job, commit_job, resume_commits
 from partq.publishing import encode
 from partq.staged import (
@@ -277,6 +277,18 @@ SPARK_OPS = frozenset({"logs", "read", "stage", "commit_job", "abort_job", "resu
                        "ensure_queue"})
 
 
+def ensure_queue(broker, queue: str, partitions: int | None, where: str) -> None:
+    """Make sure ``queue`` exists (a Spark writer's target): created with ``partitions`` when
+    given (another writer creating it meanwhile is fine), else ``QueueNotFound`` saying where."""
+    try:
+        broker.queue_config(queue)
+    except QueueNotFound:
+        if partitions is None:
+            raise QueueNotFound(f"no queue named {queue!r} {where}; create it first or pass "
+                                f".option('partitions', N) to create it") from None
+        broker.create_queue(queue, partitions=partitions, exist_ok=True)
+
+
 def spark_request(broker, frame: dict) -> dict:
     """Answer one request of the Spark source reaching ``broker`` through ``partq serve``
     (S36a; the client side is ``partq.spark.access``): the fields of the answer, which the
@@ -294,7 +306,6 @@ def spark_request(broker, frame: dict) -> dict:
 
     A request with a missing or mistyped field raises ``FrameError`` (the connection ends);
     everything else a ``PartqError``, answered as an error frame."""
-    from partq.errors import QueueNotFound
     from partq.log_ranges import queue_logs, read_range
     from partq.wire import FrameError
 
@@ -339,13 +350,7 @@ def spark_request(broker, frame: dict) -> dict:
     if op == "resume_commits":
         return {"jobs": len(resume_commits(broker, field("slice_rows", int)))}
     if op == "ensure_queue":
-        queue, partitions = field("queue", str), field("partitions", int, optional=True)
-        try:
-            broker.queue_config(queue)
-        except QueueNotFound:
-            if partitions is None:
-                raise QueueNotFound(f"no queue named {queue!r} on the server; create it first or "
-                                    f"pass .option('partitions', N) to create it") from None
-            broker.create_queue(queue, partitions=partitions, exist_ok=True)
+        ensure_queue(broker, field("queue", str), field("partitions", int, optional=True),
+                     "on the server")
         return {}
     raise FrameError(f"unknown request {op!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from partq.errors import InvalidConfig, NotAPartqStore, QueueExists, QueueNotFound
+from partq.errors import InvalidConfig, NotAPartqStore
 from partq.log_ranges import QueueLogs, RangeRead, queue_logs, read_range
 from partq.spark.options import Where
 
@@ -129,22 +129,14 @@ class LocalJobs(_Closing):
 def ensure_local_queue(path: str, queue: str, partitions: int | None) -> None:
     """Make sure ``queue`` exists in ``path``, creating both when ``partitions`` is given."""
     from partq.broker import Broker
+    from partq.staging import ensure_queue
     try:
         broker = Broker.open(path, create=partitions is not None, auto_tick=False)
     except NotAPartqStore as exc:
         raise NotAPartqStore(f"{exc} (or pass .option('partitions', N) to create the store and "
                              f"the queue)") from None
     try:
-        try:
-            broker.queue_config(queue)
-        except QueueNotFound:
-            if partitions is None:
-                raise QueueNotFound(f"no queue named {queue!r} in {path}; create it first or pass "
-                                    f".option('partitions', N) to create it") from None
-            try:
-                broker.create_queue(queue, partitions=partitions)
-            except QueueExists:
-                pass    # created concurrently by another writer: use it
+        ensure_queue(broker, queue, partitions, f"in {path}")
     finally:
         broker.close()
 
