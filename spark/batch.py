@@ -50,10 +50,9 @@ class Selection:
         """Narrow the selection by filter ``f`` and say whether it is applied exactly."""
         column = f.attribute[0] if len(f.attribute) == 1 else None
         if column == "partition" and isinstance(f, (EqualTo, In)):
-            values = [f.value] if isinstance(f, EqualTo) else list(f.value)
-            if not all(type(v) is int for v in values):
+            found = _members(f, int)
+            if found is None:
                 return False
-            found = frozenset(values)
             self.partitions = found if self.partitions is None else self.partitions & found
             return True
         if column == "seq" and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual,
@@ -69,13 +68,19 @@ class Selection:
                 self.hi = hi if self.hi is None else min(self.hi, hi)
             return True
         if column == "key" and isinstance(f, (EqualTo, In)):
-            values = [f.value] if isinstance(f, EqualTo) else list(f.value)
-            if not all(type(v) is str for v in values):
+            keys = _members(f, str)
+            if keys is None:
                 return False
-            found = frozenset(values)
-            self.keys = found if self.keys is None else self.keys & found
+            self.keys = keys if self.keys is None else self.keys & keys
             return True
         return False
+
+
+def _members(f, kind: type) -> frozenset | None:
+    """The values an ``EqualTo`` or ``In`` filter allows, or None when one is not a ``kind``
+    (such a filter is left to Spark)."""
+    values = [f.value] if isinstance(f, EqualTo) else list(f.value)
+    return frozenset(values) if all(type(v) is kind for v in values) else None
 
 
 class PartqBatchReader(DataSourceReader):
