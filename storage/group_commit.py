@@ -84,8 +84,8 @@ class GroupCommitWriter:
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
         self.sync_gate: SyncGate | None = None     # set by a sync-mode replication server: holds callers
                                   # until the standby has their commit (S27)
-        # set by replication: runs inside each commit that wrote the change log, after its entry
-        self.change_log_guard: Callable[[Writer], None] | None = None
+        # set by replication: checked in each commit that wrote the change log (see Store)
+        self.change_log_guard: ChangeLogGuard | None = None
         self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
         self._thread.start()
 
@@ -186,15 +186,40 @@ class GroupCommitWriter:
                     writer = Writer(store, txn, replicating)
                     results, replicated = _run_ops(writer, batch)
                     lsn = writer.finish(changes_db)
-                    if lsn and self.change_log_guard is not None:
-                        self.change_log_guard(writer)
+                    guard = self.change_log_guard
+                    over = bool(lsn) and guard is not None and guard.over(writer)
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()
-                    return results, lsn, replicated, writer.appended
+                if over and guard is not None:
+                    self._bound_change_log(guard)
+                return results, lsn, replicated, writer.appended
             except lmdb.MapFullError:
                 pass
             store.grow_map()  # raises StorageFull at the limit; otherwise try again, bigger
+
+    def _bound_change_log(self, guard: ChangeLogGuard) -> None:
+        """The commit just made took the change log past its bound: trim it now, in a
+        transaction of its own, before this thread takes the next batch. (Not in the commit
+        itself: pages LMDB allocates and frees within one transaction are never written, which
+        leaves data.mdb shorter than its meta page says.) A failure leaves it to the upkeep
+        thread."""
+        try:
+            with self._store.write_transaction() as txn:
+                guard.trim(Writer(self._store, txn, False))
+                txn.commit()
+        except Exception:       # the batch is committed: nothing here may fail its callers
+            pass
+
+
+class ChangeLogGuard(Protocol):
+    """A bound on the replication change log (``Store.guard_change_log``)."""
+
+    def over(self, r: Writer) -> bool:
+        """Whether the log is past its bound (read in the commit that wrote to it)."""
+
+    def trim(self, w: Writer) -> None:
+        """Bring it back within its bound (in a transaction of its own)."""
 
 
 def _run_ops(writer: Writer, batch: list[Pending]) -> tuple[list, list[bool]]:

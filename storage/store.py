@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lmdb
 
@@ -34,6 +34,9 @@ from partq.storage.gate import TxnGate
 from partq.storage.txn import DB_NAMES, Reader, change_log_note
 from partq.storage.writelock import WRITE_LOCK_POLL, stuck_writer, write_lock
 from partq.storage.writer import Writer
+
+if TYPE_CHECKING:
+    from partq.storage.group_commit import ChangeLogGuard
 
 T = TypeVar("T")
 
@@ -317,15 +320,16 @@ class Store:
     def remove_commit_stats_hook(self, fn: Callable[[float, int, int], None]) -> None:
         self._writer.remove_stats_listener(fn)
 
-    def guard_change_log(self, fn: Callable[[Writer], None]) -> None:
-        """Call ``fn(writer)`` inside every commit of this process that wrote the change log,
-        after its entry, so that it may trim the log in the same transaction: a bound on the
-        log that holds at every commit, however busy the process (the latest guard wins)."""
-        self._writer.change_log_guard = fn
+    def guard_change_log(self, guard: ChangeLogGuard) -> None:
+        """Check ``guard.over`` in every commit of this process that wrote the change log, and
+        when it says so run ``guard.trim`` in a transaction of its own right after that commit,
+        before the next: a bound on the log that holds at every commit, however busy the
+        process (the latest guard wins)."""
+        self._writer.change_log_guard = guard
 
-    def remove_change_log_guard(self, fn: Callable[[Writer], None]) -> None:
-        """Remove ``fn`` if it is the guard (another's, set later, stays)."""
-        if self._writer.change_log_guard is fn:
+    def remove_change_log_guard(self, guard: ChangeLogGuard) -> None:
+        """Remove ``guard`` if it is the guard (another's, set later, stays)."""
+        if self._writer.change_log_guard is guard:
             self._writer.change_log_guard = None
 
     def set_sync_gate(self, gate) -> None:

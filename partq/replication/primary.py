@@ -124,7 +124,7 @@ class ReplicationServer:
         self.timeline = store.write(self._begin_incarnation)
         self._snapshots = SnapshotSender(store, self._stop)
         store.on_commit(self._on_commit)
-        self._guard = slots.bound_at_commit(self.max_slot_keep, self._link_acks)
+        self._guard = slots.BoundAtCommit(self.max_slot_keep, self._link_acks)
         store.guard_change_log(self._guard)
         if self.gate is not None:
             store.set_sync_gate(self.gate)

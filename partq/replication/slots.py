@@ -8,9 +8,9 @@ them. While the ``slots`` key exists every commit writes the change log (``Write
 The bound (PostgreSQL's ``max_slot_wal_keep_size``): when the change log passes
 ``max_slot_keep`` bytes, the slot of the standby furthest behind is invalidated (removed, and
 remembered under ``slots_invalidated`` for `partq dr slots`) and the log trimmed after the next
-one; that standby starts again from a snapshot when it comes back. The check runs inside the
-commit that passes the bound (``bound_at_commit``), so no lagging thread lets the log grow past
-it. So an absent standby never fills the primary's disk, and `partq dr drop-slot ID` removes a
+one; that standby starts again from a snapshot when it comes back. The commit that passes the
+bound is followed at once by the trim (``BoundAtCommit``), so no lagging thread lets the log
+grow past it. So an absent standby never fills the primary's disk, and `partq dr drop-slot ID` removes a
 slot at once.
 
 The size is LMDB's page count of the change-log database: after a trim it holds exactly what
@@ -142,20 +142,28 @@ def maintain(w, max_keep: int, keep_log: bool) -> list[str]:
     return gone
 
 
-def bound_at_commit(max_keep: int, acks=dict) -> Callable:
-    """The change-log guard a writing primary installs (``Store.guard_change_log``): inside a
-    commit that takes the log past ``max_keep`` bytes, record the positions ``acks()`` knows
-    (a serving primary's connected standbys) and invalidate slots until it fits. So the log
-    never passes ``max_keep`` by more than one commit, however far upkeep threads lag."""
-    def guard(w) -> None:
-        if change_log_bytes(w) <= max_keep:
+class BoundAtCommit:
+    """The change-log guard a writing primary installs (``Store.guard_change_log``): a commit
+    that takes the log past ``max_keep`` bytes is followed at once by a transaction that
+    records the positions ``acks()`` knows (a serving primary's connected standbys) and
+    invalidates slots until the log fits. So the log never passes ``max_keep`` by more than
+    one commit, however far the upkeep threads lag."""
+
+    def __init__(self, max_keep: int, acks: Callable[[], dict] = dict) -> None:
+        self.max_keep = max_keep
+        self.acks = acks
+
+    def over(self, r) -> bool:
+        return change_log_bytes(r) > self.max_keep
+
+    def trim(self, w) -> None:
+        if not self.over(w):
             return
-        record_acks(w, acks(), keep_log=True)
-        for sid in maintain(w, max_keep, keep_log=True):
+        record_acks(w, self.acks(), keep_log=True)
+        for sid in maintain(w, self.max_keep, keep_log=True):
             log.warning("invalidated the replication slot of standby %s: the change log it "
                         "kept passed max_slot_keep=%d bytes; it starts again from a snapshot "
-                        "when it comes back", sid, max_keep)
-    return guard
+                        "when it comes back", sid, self.max_keep)
 
 
 def needs_maintenance(r, max_keep: int, keep_log: bool) -> bool:
@@ -222,7 +230,7 @@ class SlotKeeper:
         self._wake = threading.Event()
         self._seen_lsn = store.last_lsn
         store.on_commit(self._on_commit)
-        self._guard = bound_at_commit(max_keep)
+        self._guard = BoundAtCommit(max_keep)
         store.guard_change_log(self._guard)
         self._thread = threading.Thread(target=self._run, name="partq-slot-keeper", daemon=True)
         self._thread.start()
