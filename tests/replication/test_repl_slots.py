@@ -134,7 +134,7 @@ def test_an_absent_standby_never_fills_the_primary(tmp_path, served):
             flow.ack_many(got)
             biggest = max(biggest, _log_bytes(p))
         assert p.queue_status("q").depth == 0
-        # max_slot_keep is a quarter of the map (2 MiB) and holds inside every commit, however
+        # max_slot_keep is a quarter of the map (2 MiB) and holds at every commit, however
         # late the upkeep threads run: one commit (100 KiB) and its pages may pass it
         assert biggest <= 2 * MiB + 512 * 1024, f"the change log reached {biggest} bytes"
         wait_until(lambda: not slot_ids(p), 10, "the slot to be invalidated")
