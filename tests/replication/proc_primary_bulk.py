@@ -127,14 +127,15 @@ def main() -> int:
     last_head = [None]
 
     def settled() -> bool:
-        """Every partition Ready, and no commit since the previous look (0.3 s ago)."""
+        """Every partition Ready, and no commit since the previous look (2 s ago: longer than
+        the queues' max_handoff_time of 1.5 s, so no handoff timer is still due)."""
         st = broker.queue_status("orders")
         head = broker.replication_status().head_lsn
         quiet, last_head[0] = head == last_head[0], head
         return (quiet and st.rebalance_status == "Ready"
                 and all(p.status == "Ready" for p in st.partitions))
     wait_until(settled, 20, "the queue to settle, every partition Ready and no more commits",
-               interval=0.3)
+               interval=2.0)
     st = broker.replication_status()
     write_json(os.path.join(workdir, "done.json"),
                {"published": idx, "acked": acked[0], "head_lsn": st.head_lsn,
