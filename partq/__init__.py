@@ -31,23 +31,30 @@ _LAZY = {
     "connect": "partq.client", "Client": "partq.client",
 }
 
-__all__ = sorted([*_LAZY, *_error_names])
+# submodules reached as attributes, as the README does: ``partq.aio.connect(...)``
+_SUBMODULES = {"aio"}
+
+__all__ = sorted([*_LAZY, *_error_names, *_SUBMODULES])
 
 
 def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"partq.{name}")
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
         raise AttributeError(f"module 'partq' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
 
 
 if TYPE_CHECKING:
+    from partq import aio as aio
+
     # redundant aliases mark these as re-exports of the lazy names above
     from partq.broker import Broker as Broker
     from partq.client import Client as Client
