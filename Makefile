@@ -7,7 +7,7 @@ HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
 BASE := $(VENV)/.installed-base-$(HASH)
 FULL := $(VENV)/.installed-full-$(HASH)
 
-.PHONY: demo test bench crash clean
+.PHONY: demo test bench crash clean lint-imports
 
 $(BASE): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,10 +22,19 @@ $(FULL): $(BASE)
 demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
-test: $(FULL)
+test: $(FULL) lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# import-linter reads a package from one folder: lay storage/, tools/ and spark/ into a copy of
+# partq/ as the installed package has them, then check pyproject's contracts on that copy.
+IMPORT_TREE := build/import-tree
+lint-imports: $(FULL)
+	rm -rf $(IMPORT_TREE) && mkdir -p $(IMPORT_TREE)
+	cp -r partq $(IMPORT_TREE)/partq
+	for d in storage tools spark; do cp -r $$d $(IMPORT_TREE)/partq/$$d; done
+	cd $(IMPORT_TREE) && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
 
 # make bench: every benchmark script in turn, each line appended to bench/results/make_bench.jsonl
 # (tagged with its script), then bench/report.py writes bench/results/README.md and ratios.png.
@@ -47,4 +56,4 @@ crash: $(FULL)
 	PARTQ_CRASH_LONG=1 $(BIN)/python -m pytest -q -s tests/crash/test_random_kills.py::test_random_kills_long
 
 clean:
-	rm -rf $(VENV) demo-data
+	rm -rf $(VENV) demo-data build

@@ -5,7 +5,7 @@ Prints one JSON object per line (``name``, ``unit``, ``value``; ``peer``, ``peer
 ``ratio`` beside a figure of the same run):
 
 * ``encode_batch_1000``: microseconds per message to check and encode a batch of 1000 keyed
-  256-byte messages (``partq.publishing.encode``: type checks, key hash, msgpack, crc32c framing);
+  256-byte messages (``partq.publish.publisher.encode``: type checks, key hash, msgpack, crc32c framing);
 * ``decode_record`` / ``record_fields``: microseconds per record to check and decode, with and
   without building a ``Record`` (delivery uses the second);
 * ``partq_publish_many_preencoded_1000``: durable ``publish_many``-shaped commits of 1000
@@ -42,7 +42,7 @@ from workloads import (
 )
 
 from partq.config import QueueConfig
-from partq.publishing import encode
+from partq.publish.publisher import encode
 from partq.storage.encoding import decode_record, encode_record, record_fields
 
 

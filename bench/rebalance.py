@@ -1,6 +1,6 @@
 """Rebalancing and consuming (issue 3): JSON lines with name, unit, value (and peer, ratio).
 
-1. The pure core (``partq.rebalancer.Rebalancer``) settling a rebalance of 1,000 partitions:
+1. The pure core (``partq.core.rebalancer.Rebalancer``) settling a rebalance of 1,000 partitions:
    100 flows bind one after another (each bind re-plans), the holddown expires, and every handoff
    completes (``acked(p, 0)``). Reported: the time for the whole settle and per event.
 2. End-to-end consume+ack through a real broker (sync durability): a pre-filled queue drained by
@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import partq
-from partq.rebalancer import Pause, Rebalancer
+from partq.core.rebalancer import Pause, Rebalancer
 
 
 def emit(name: str, unit: str, value: float, peer: str | None = None,

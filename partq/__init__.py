@@ -24,11 +24,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "Broker": "partq.broker", "Flow": "partq.flow", "InvalidAck": "partq.delivery",
     "ManualClock": "partq.clock", "SystemClock": "partq.clock", "QueueConfig": "partq.config",
-    "key_partition": "partq.hashing", "FlowChangeUpdate": "partq.message",
+    "key_partition": "partq.core.key_hash", "FlowChangeUpdate": "partq.message",
     "Message": "partq.message", "PublishResult": "partq.message", "Pending": "partq.pending",
     "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
     "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
-    "connect": "partq.client", "Client": "partq.client",
+    "connect": "partq.remote.client", "Client": "partq.remote.client",
 }
 
 # submodules reached as attributes, as the README does: ``partq.aio.connect(...)``
@@ -57,18 +57,18 @@ if TYPE_CHECKING:
 
     # redundant aliases mark these as re-exports of the lazy names above
     from partq.broker import Broker as Broker
-    from partq.client import Client as Client
-    from partq.client import connect as connect
     from partq.clock import ManualClock as ManualClock
     from partq.clock import SystemClock as SystemClock
     from partq.config import QueueConfig as QueueConfig
+    from partq.core.key_hash import key_partition as key_partition
     from partq.delivery import InvalidAck as InvalidAck
     from partq.flow import Flow as Flow
-    from partq.hashing import key_partition as key_partition
     from partq.message import FlowChangeUpdate as FlowChangeUpdate
     from partq.message import Message as Message
     from partq.message import PublishResult as PublishResult
     from partq.pending import Pending as Pending
+    from partq.remote.client import Client as Client
+    from partq.remote.client import connect as connect
     from partq.status import FlowStatus as FlowStatus
     from partq.status import PartitionStatus as PartitionStatus
     from partq.status import QueueStatus as QueueStatus

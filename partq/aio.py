@@ -1,105 +1,10 @@
-"""``partq.aio``: the ``partq.connect`` client for asyncio.
+"""``partq.aio``: the ``partq.connect`` client for asyncio (``partq.remote.aio``).
 
     client = await partq.aio.connect("10.0.0.5:7020", token=token)
-    await client.publish("orders", b"payload", key="customer-42")
     flow = await client.bind("orders", name="svc-a")
-    async for msg in flow:                  # receives in batches, waits without blocking the loop
+    async for msg in flow:
         await flow.ack(msg)
-
-Every call runs the synchronous client's call in a worker thread (``asyncio.to_thread``): the
-event loop never blocks, and both clients share one implementation of the protocol, reconnects
-and flow control.
 """
-from __future__ import annotations
+from partq.remote.aio import AsyncClient, AsyncFlow, connect
 
-import asyncio
-from collections.abc import Iterable
-
-from partq import client as sync_client
-from partq.flow import Flow
-from partq.message import FlowChangeUpdate, Message, PublishResult
-from partq.status import QueueStatus
-
-
-async def connect(address: str, token: str | bytes | None = None, ssl=None, *,
-                  token_file: str | None = None, timeout: float = 10.0) -> AsyncClient:
-    """``partq.connect`` for asyncio."""
-    return AsyncClient(await asyncio.to_thread(sync_client.connect, address, token, ssl,
-                                               token_file=token_file, timeout=timeout))
-
-
-class AsyncClient:
-    def __init__(self, client: sync_client.Client) -> None:
-        self.sync = client
-
-    async def publish(self, queue: str, payload: bytes, key: str | None = None,
-                      headers: dict | None = None) -> PublishResult:
-        pending = self.sync.publish_async(queue, payload, key, headers)
-        return await asyncio.to_thread(pending.result)
-
-    async def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
-        return await asyncio.to_thread(self.sync.publish_many, queue, list(items))
-
-    async def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
-                   skip_corrupt: bool = False) -> AsyncFlow:
-        return AsyncFlow(await asyncio.to_thread(self.sync.bind, queue, name, hint, skip_corrupt))
-
-    async def queue_status(self, queue: str) -> QueueStatus:
-        return await asyncio.to_thread(self.sync.queue_status, queue)
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-
-class AsyncFlow:
-    """A flow for asyncio; ``async for msg in flow`` receives until the flow is unbound."""
-
-    def __init__(self, flow: Flow, batch: int = 100) -> None:
-        self.sync = flow
-        self.batch = batch
-        self._ready: list[Message] = []
-
-    @property
-    def partitions(self) -> frozenset[int]:
-        return self.sync.partitions
-
-    @property
-    def closed(self) -> bool:
-        return self.sync.closed
-
-    async def receive(self, max_messages: int = 100, timeout: float = 0.0) -> list[Message]:
-        return await asyncio.to_thread(self.sync.receive, max_messages, timeout)
-
-    async def ack(self, msg: Message) -> None:
-        await asyncio.to_thread(self.sync.ack, msg)
-
-    async def ack_many(self, msgs: Iterable[Message]) -> None:
-        await asyncio.to_thread(self.sync.ack_many, list(msgs))
-
-    def ack_many_async(self, msgs: Iterable[Message]):
-        return self.sync.ack_many_async(list(msgs))
-
-    async def nack(self, msg: Message) -> None:
-        await asyncio.to_thread(self.sync.nack, msg)
-
-    async def unbind(self) -> None:
-        await asyncio.to_thread(self.sync.unbind)
-
-    def events(self) -> list[FlowChangeUpdate]:
-        return self.sync.events()
-
-    def __aiter__(self) -> AsyncFlow:
-        return self
-
-    async def __anext__(self) -> Message:
-        while not self._ready:
-            if self.sync.closed:
-                raise StopAsyncIteration
-            self._ready = await self.receive(self.batch, timeout=0.5)
-        return self._ready.pop(0)
+__all__ = ["AsyncClient", "AsyncFlow", "connect"]

@@ -20,22 +20,24 @@ from typing import TYPE_CHECKING
 from partq import scaling
 from partq.clock import SystemClock
 from partq.config import USER_SETTABLE, QueueConfig
+from partq.core.rebalance_plan import plan_rebalance
+from partq.core.rebalancer import Rebalancer
 from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holder
 from partq.delivery.holds import clear_cutover
 from partq.delivery.layout import delivery_layout
-from partq.delivery.state import decode_state
+from partq.delivery.open_report import log_open_report
+from partq.delivery.saved_state import decode_state
 from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
 from partq.message import PublishResult
-from partq.oplog import log_open_report, scaling_log
 from partq.pending import Pending
-from partq.publishing import Publisher
-from partq.rebalance_plan import plan_rebalance
-from partq.rebalancer import Rebalancer
+from partq.publish.publisher import Publisher
 from partq.replication import ReplicationStatus, check_sync_timeout, replication_options
 from partq.replication.role import ReplicationRole
+from partq.scaling.progress_log import scaling_log
 from partq.states import ScalingState
-from partq.status import QueueStatus, build_queue_status, with_owner_warning
+from partq.status import QueueStatus
+from partq.status_report import build_queue_status, with_owner_warning
 from partq.storage import Store
 from partq.storage.encoding import PARENT
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
@@ -428,7 +430,7 @@ class Broker:
         state; nothing changes. With no argument: for the current consumers (e.g. at the end of
         a holddown in progress). ``consumers=N``: with N bound flows (added or removed);
         ``add``/``remove``: with these flows bound or gone (names or flow ids). Returns the
-        plan document of ``partq.rebalance_plan.plan_rebalance``."""
+        plan document of ``partq.core.rebalance_plan.plan_rebalance``."""
         config = self.queue_config(queue)
         st = self.queue_status(queue)
         mode, index = delivery_layout(config)

@@ -134,12 +134,12 @@ class ReplicationRefused(PartqError):
 
 
 class OpenedReadOnly(PartqError):
-    """The directory was opened for reading only (``partq.readonly``: a user who may not write
+    """The directory was opened for reading only (``partq.ops.read_only``: a user who may not write
     it, or ``--read-only``): publishes, binds and changes are refused."""
 
 
 class TornRead(PartqError):
-    """A read without LMDB's reader lock (``partq.readonly``) saw a writer reuse the pages it
+    """A read without LMDB's reader lock (``partq.ops.read_only``) saw a writer reuse the pages it
     was reading, and retrying did not give a consistent answer. Nothing was changed; run it
     again, or read as a user who may write the directory."""
 

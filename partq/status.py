@@ -1,20 +1,9 @@
-"""What ``Broker.queue_status`` reports, and how it is put together: plain dataclasses, so tools
-can print or JSON them, built from the store and from the delivery view (live in the process that
-runs delivery, as last stored elsewhere)."""
+"""What ``Broker.queue_status`` reports: plain dataclasses, so tools can print or JSON them.
+``partq.status_report`` builds them."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-
-from partq.config import QueueConfig
-from partq.delivery.control import silent_owner_warning
-from partq.delivery.holds import hold_report, read_cutover
-from partq.delivery.layout import delivery_layout
-from partq.delivery.state import DeliveryView, SlotView, decode_state, stored_view
-from partq.publishing import discarded_count
-from partq.scaling import read_procedure
-from partq.states import PartitionState
-from partq.storage.encoding import PARENT
 
 
 @dataclass(frozen=True)
@@ -67,52 +56,3 @@ class QueueStatus:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def with_owner_warning(st: QueueStatus, store_path: str, qid: int,
-                       not_answered: bool) -> QueueStatus:
-    """``st``, warning when a process holds the queue's delivery lock but ``not_answered`` (no
-    live view came from it): a stopped owner stalls every consumer of other processes."""
-    if not not_answered or st.delivery_owner is None:
-        return st
-    warning = silent_owner_warning(store_path, qid, st.delivery_owner)
-    return st if warning is None else dataclasses.replace(st, warnings=[*st.warnings, warning])
-
-
-def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
-                       owner: str | None) -> QueueStatus:
-    """The status of ``config``'s queue in read snapshot ``r``. ``view``: the live delivery
-    view when this process runs the queue's delivery; ``owner``: the text of the process that
-    holds its delivery lock, if any. An exclusive queue shows one partition, ``PARENT``."""
-    mode, index = delivery_layout(config)
-    if view is None or view.mode != mode:
-        state = decode_state(r.state(config.qid), f"queue {config.name!r}")
-        view = stored_view(state, mode, index, owner is not None)
-    # the owner may not have applied a new partition count yet: show the stored count, and
-    # partitions it does not deliver yet as Unassigned
-    shown = {slot.partition: slot for slot in view.slots}
-    parts = []
-    for sp in index:
-        slot = shown.get(sp) or SlotView(sp, PartitionState.UNASSIGNED, None, None, 0, None)
-        ack = r.ack_state(config.qid, slot.partition)
-        head = r.head(config.qid, slot.partition)
-        parts.append(PartitionStatus(
-            partition=slot.partition, status=slot.status, flow=slot.flow,
-            flow_name=slot.flow_name, depth=ack.backlog(head), unacked=slot.unacked,
-            next_seq=head, ack_floor=ack.floor, error=slot.error))
-    parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
-                    if r.has_partition(config.qid, PARENT) else 0)
-    procedure = read_procedure(r, config.name, config.qid)
-    cutover = read_cutover(r, config.qid)
-    return QueueStatus(
-        name=config.name, partition_count=config.operating_partitions,
-        rebalance_status=view.rebalance_status, scaling_status=config.scaling_status,
-        ingress_enabled=config.ingress_enabled, egress_enabled=config.egress_enabled,
-        depth=sum(p.depth for p in parts), partitions=parts,
-        flows=[FlowStatus(f.flow_id, f.name, f.bound, f.active, f.partitions, f.client,
-                          f.connected_at, f.heartbeat_age) for f in view.flows],
-        delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
-        discarded=discarded_count(r, config.qid),
-        procedure=procedure.as_dict() if procedure else None,
-        warnings=[procedure.describe()] if procedure and procedure.state != "running" else [],
-        cutover=hold_report(r, config.qid, cutover, index) if cutover is not None else None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from partq.errors import InvalidConfig, NotAPartqStore
-from partq.log_ranges import QueueLogs, RangeRead, queue_logs, read_range
+from partq.jobs.log_ranges import QueueLogs, RangeRead, queue_logs, read_range
 from partq.spark.options import Where
 
 
@@ -72,7 +72,7 @@ class LocalAccess(_Closing):
 
 class RemoteAccess(_Closing):
     def __init__(self, where: Where) -> None:
-        from partq.client import connect
+        from partq.remote.client import connect
         self.where = where
         self.queue = where.queue
         self.client = connect(where.address, token=where.token)
@@ -95,7 +95,7 @@ class RemoteAccess(_Closing):
 
 # ---------------------------------------------------------------------- the writer's side
 class LocalJobs(_Closing):
-    """Staging and committing jobs in the directory on this host (``partq.staging``)."""
+    """Staging and committing jobs in the directory on this host (``partq.jobs.staging``)."""
 
     def __init__(self, where: Where) -> None:
         from partq.broker import Broker
@@ -107,19 +107,19 @@ class LocalJobs(_Closing):
                                  f"and the queue)") from None
 
     def stager(self, job_id: str, task_partition: int, attempt_id: int, batch_rows: int):
-        from partq.staging import Stager
+        from partq.jobs.staging import Stager
         return Stager(self._broker, self.queue, job_id, task_partition, attempt_id, batch_rows)
 
     def commit(self, job_id: str, attempts: list, slice_rows: int):
-        from partq.staging import commit_job
+        from partq.jobs.staging import commit_job
         return commit_job(self._broker, self.queue, job_id, attempts, slice_rows)
 
     def abort(self, job_id: str) -> int:
-        from partq.staging import abort_job
+        from partq.jobs.staging import abort_job
         return abort_job(self._broker, job_id)
 
     def resume(self, slice_rows: int) -> int:
-        from partq.staging import resume_commits
+        from partq.jobs.staging import resume_commits
         return len(resume_commits(self._broker, slice_rows))
 
     def close(self) -> None:
@@ -129,7 +129,7 @@ class LocalJobs(_Closing):
 def ensure_local_queue(path: str, queue: str, partitions: int | None) -> None:
     """Make sure ``queue`` exists in ``path``, creating both when ``partitions`` is given."""
     from partq.broker import Broker
-    from partq.staging import ensure_queue
+    from partq.jobs.staging import ensure_queue
     try:
         broker = Broker.open(path, create=partitions is not None, auto_tick=False)
     except NotAPartqStore as exc:
@@ -142,10 +142,10 @@ def ensure_local_queue(path: str, queue: str, partitions: int | None) -> None:
 
 
 class RemoteJobs(_Closing):
-    """The same verbs as ``LocalJobs``, run by ``partq serve`` (``partq.staging.spark_request``)."""
+    """The same verbs as ``LocalJobs``, run by ``partq serve`` (``partq.jobs.staging.spark_request``)."""
 
     def __init__(self, where: Where) -> None:
-        from partq.client import connect
+        from partq.remote.client import connect
         self.queue = where.queue
         self.client = connect(where.address, token=where.token)
 
@@ -153,7 +153,7 @@ class RemoteJobs(_Closing):
         return RemoteStager(self, job_id, task_partition, attempt_id, batch_rows)
 
     def commit(self, job_id: str, attempts: list, slice_rows: int):
-        from partq.job_commit import JobCommit
+        from partq.jobs.commit import JobCommit
         doc = self.client.call({"op": "commit_job", "queue": self.queue, "job": job_id,
                                 "attempts": [list(a) for a in attempts], "slice_rows": slice_rows})
         return JobCommit(job_id, doc["published"], doc["discarded"], doc["already_committed"])

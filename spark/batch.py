@@ -29,8 +29,8 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
-from partq.browse import describe_logs
 from partq.errors import PartitionNotFound
+from partq.ops.browse import describe_logs
 from partq.spark.access import open_access
 from partq.spark.options import Where
 from partq.spark.ranges import read_batches, split

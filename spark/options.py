@@ -49,7 +49,7 @@ def where(options) -> Where:
         raise InvalidConfig("pass either option path (a directory on this host) or address "
                             "(partq serve), not both")
     if address:
-        from partq.wire import read_token
+        from partq.wire.handshake import read_token
         token = read_token(options.get("token"), options.get("tokenFile"))
         return Where(queue=queue, address=address, token=token)
     if options.get("token") or options.get("tokenFile"):

@@ -1,7 +1,7 @@
 """One Spark task of a read: a sequence range of one log of a queue, read into Arrow batches.
 
 Both the batch reader and the stream plan their work as ``LogRange``s; a task opens the queue
-(``spark.access``), reads the range in short snapshots (``partq.log_ranges.read_range``: acked
+(``spark.access``), reads the range in short snapshots (``partq.jobs.log_ranges.read_range``: acked
 messages left out, a missing one an error) and turns each snapshot's records into one Arrow
 batch (``spark.rows``). It binds nothing and writes nothing.
 """

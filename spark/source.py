@@ -15,6 +15,7 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import BinaryType, CharType, StringType, StructType, VarcharType
 
 from partq.errors import InvalidConfig
+from partq.jobs.staging import DEFAULT_BATCH_ROWS, new_job_id
 from partq.spark import options as opts
 from partq.spark.access import RemoteJobs, ensure_local_queue, open_jobs
 from partq.spark.batch import PartqBatchReader, PartqFilteringReader
@@ -22,7 +23,6 @@ from partq.spark.ranges import DEFAULT_SPLIT_ROWS
 from partq.spark.rows import SCHEMA_DDL
 from partq.spark.stream import PartqStreamReader
 from partq.spark.writer import PartqWriter
-from partq.staging import DEFAULT_BATCH_ROWS, new_job_id
 
 __all__ = ["PartqDataSource", "PartqFilteringDataSource", "register"]
 

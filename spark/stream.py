@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from partq.errors import FlowClosed, FlowFenced, InvalidConfig, PartitionNotFound, QueueNotFound
-from partq.log_ranges import QueueLogs
+from partq.jobs.log_ranges import QueueLogs
 from partq.spark import offsets
 from partq.spark.access import open_access
 from partq.spark.options import Where

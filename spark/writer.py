@@ -2,12 +2,12 @@
 
 The driver creates a job id when Spark asks for the writer. Every task attempt encodes its rows
 and stages them under (job id, task partition, task attempt id), ``batchSize`` rows per
-transaction, keyed rows already placed in their partition (``partq.staging``); staged rows are
+transaction, keyed rows already placed in their partition (``partq.jobs.staging``); staged rows are
 invisible to consumers. Its commit message carries (task partition, attempt id, row count).
 When every task succeeded, Spark calls ``commit`` on the driver, which publishes the staged
 rows of exactly the attempts Spark accepted and drops the rest (failed and speculative
 attempts), in transactions of ``batchSize`` rows, so other publishers never wait for more than
-one batch (``partq.job_commit``). When the job fails, ``abort`` drops every staged row of the
+one batch (``partq.jobs.commit``). When the job fails, ``abort`` drops every staged row of the
 job. Messages of one key keep their order within one Spark partition; across Spark partitions
 there is no order (repartition by the key column to get per-key order overall).
 

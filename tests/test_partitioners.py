@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import partq.partitioners as partitioners_module
+import partq.core.partitioners as partitioners_module
 from partq import QueueConfig
-from partq.partitioners import (
+from partq.core.partitioners import (
     PartitionLoad,
     RandomPartitioner,
     StickyPartitioner,

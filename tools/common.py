@@ -18,9 +18,10 @@ import click
 
 from partq import Broker, PartqError
 from partq.errors import InvalidConfig, InvalidMessage, describe_os_error
-from partq.notation import one_line
-from partq.readonly import READ_ONLY_ENV, open_read_only, open_store_read_only, read_only_reason
+from partq.ops.formatting import one_line
+from partq.ops.read_only import READ_ONLY_ENV, open_read_only, open_store_read_only, read_only_reason
 from partq.storage import Store
+from partq.tools.queue_settings import SETTINGS
 
 STORE_FILE = "data.mdb"
 
@@ -56,7 +57,6 @@ def translate(exc: BaseException) -> UserError | None:
 
 
 def _field_patterns() -> list[tuple[re.Pattern, str]]:
-    from partq.tools.queue_cmds import SETTINGS
     pairs = [(field, opt.split("/")[0]) for opt, field, _, _ in SETTINGS]
     pairs.append(("partitions", "--partitions"))
     out = []
@@ -86,7 +86,7 @@ class App:
     stats), ``broker()`` for queue operations. Only ``consume`` binds a flow (served by the
     queue's delivery owner when another process runs it).
 
-    ``store()`` and ``reading()`` open the directory read-only (``partq.readonly``: no LMDB
+    ``store()`` and ``reading()`` open the directory read-only (``partq.ops.read_only``: no LMDB
     reader lock, every read checked) when ``read_only`` is set (``--read-only``) or this user
     may not write it."""
 

@@ -12,7 +12,7 @@ import time
 import click
 
 from partq.errors import PartqError
-from partq.notation import partition_label
+from partq.ops.formatting import partition_label
 from partq.tools.common import App, pass_app, require, stop_on_signals
 from partq.tools.output import (
     PAYLOAD_MODES,

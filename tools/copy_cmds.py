@@ -1,8 +1,8 @@
 """``partq copy-out``: copy a queue's unacked messages to another queue or to a file;
 ``partq copy-in``: load such a file back into a queue.
 
-The copies themselves (resumable, exactly once across re-runs) are ``partq.copyout`` and
-``partq.copyin``. With ``--parent`` copy-out copies the parent queue's log: the operator's way to
+The copies themselves (resumable, exactly once across re-runs) are ``partq.ops.copy_out`` and
+``partq.ops.copy_in``. With ``--parent`` copy-out copies the parent queue's log: the operator's way to
 recover the messages a change from exclusive to non-exclusive left there, undelivered,
 typically into the same, now partitioned, queue (``partq copy-out Q --parent --to-queue Q``;
 ``--move`` also removes each copied batch from the parent log once its copy is durable).
@@ -13,9 +13,10 @@ import contextlib
 
 import click
 
-from partq import copyin, copyout
-from partq.notation import partition_label
-from partq.sinks import FORMATS
+from partq.ops import copy_in as copyin
+from partq.ops import copy_out as copyout
+from partq.ops.copy_targets import FORMATS
+from partq.ops.formatting import partition_label
 from partq.tools.common import App, UserError, pass_app, stop_on_signals
 from partq.tools.output import Output, output_options
 

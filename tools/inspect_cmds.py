@@ -1,4 +1,4 @@
-"""``partq inspect``: browse a queue's messages without consuming them (``partq.browse``).
+"""``partq inspect``: browse a queue's messages without consuming them (``partq.ops.browse``).
 
 It never binds a flow, so it changes no delivery state and works while other processes publish,
 consume or own delivery. A record that fails its checksum is shown as corrupt with the reason.
@@ -13,8 +13,8 @@ import shutil
 
 import click
 
-from partq.browse import browse, check_browse
-from partq.notation import partition_label
+from partq.ops.browse import browse, check_browse
+from partq.ops.formatting import partition_label
 from partq.storage.encoding import PARENT
 from partq.tools.common import App, pass_app, read_only_option, require
 from partq.tools.output import (

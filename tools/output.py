@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 
 import click
 
-from partq.notation import jsonable
+from partq.ops.formatting import jsonable
 
 PAYLOAD_MODES = ("auto", "text", "hex", "base64")
 
@@ -85,7 +85,7 @@ class Output:
 
     @contextlib.contextmanager
     def progress_callback(self, label: str) -> Iterator[Callable[[int, int], None]]:
-        """A ``progress(n, total)`` for the library (``partq.copyout``, ``partq.verify``): the
+        """A ``progress(n, total)`` for the library (``partq.ops.copy_out``, ``partq.ops.verify``): the
         bar of ``progress`` opens at the first call, with ``total``, and advances by each
         ``n``; it is closed when the block ends."""
         bars: list = []

@@ -1,12 +1,12 @@
 """``partq publish``: publish messages from arguments, or from lines of standard input, as text
-or JSON Lines (``partq.message_input``)."""
+or JSON Lines (``partq.ops.message_input``)."""
 from __future__ import annotations
 
 import sys
 
 import click
 
-from partq.message_input import (
+from partq.ops.message_input import (
     INPUT_FORMATS,
     json_items,
     parse_header,

@@ -1,96 +1,23 @@
 """``partq queue create|list|show|update|delete``: thin wrappers over the Broker's queue API."""
 from __future__ import annotations
 
-import functools
 import time
-from typing import ClassVar
 
 import click
 
-from partq.config import ACCESS_TYPES, PARTITIONERS, USER_SETTABLE
-from partq.copyout import Stranded, stranded_state
 from partq.errors import DeliveryLocked
-from partq.notation import partition_label
-from partq.stats import queue_rows
+from partq.ops.copy_out import Stranded, stranded_state
+from partq.ops.formatting import partition_label
+from partq.ops.stats import queue_rows
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
 from partq.tools.output import Output, config_doc, on_off, output_options
+from partq.tools.queue_settings import setting_options
 
-
-class OnOff(click.ParamType):
-    """on/off (also true/false, yes/no, 1/0) -> bool."""
-
-    name = "on|off"
-    _values: ClassVar[dict[str, bool]] = {
-        "on": True, "off": False, "true": True, "false": False, "yes": True, "no": False,
-        "1": True, "0": False}
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, bool):
-            return value
-        try:
-            return self._values[str(value).strip().lower()]
-        except KeyError:
-            self.fail(f"{value!r} is not one of on, off", param, ctx)
-
-
-ON_OFF = OnOff()
-
-# the fields of a ``partq.stats.queue_row`` that ``queue list --json`` reports, in its order
+# the fields of a ``partq.ops.stats.queue_row`` that ``queue list --json`` reports, in its order
 LIST_FIELDS = ("name", "access_type", "partitions", "ingress_enabled", "egress_enabled",
                "scaling_status", "depth", "discarded", "parent_depth", "rebalance_status", "flows",
                "delivery_owner", "error", "warnings")
 
-# (option, QueueConfig field, click type, help). One list for create and update, so the two never
-# drift apart; tests check it covers every user-settable field.
-SETTINGS = [
-    ("--rebalance-delay", "rebalance_delay", click.FLOAT,
-     "Seconds to wait after a consumer binds or leaves before partitions move to other "
-     "consumers (a consumer back within it keeps its partitions)."),
-    ("--max-handoff-time", "max_handoff_time", click.FLOAT,
-     "Seconds a partition moving to another consumer waits for the old consumer's acks."),
-    ("--max-unacked", "max_delivered_unacked_per_flow", click.INT,
-     "Messages a consumer may hold delivered and unacked."),
-    ("--partitioner", "partitioner", click.Choice(PARTITIONERS),
-     "How messages without a key pick a partition (keyed ones go by the key's hash)."),
-    ("--sticky-batch-size", "sticky_batch_size", click.INT,
-     "Bytes the sticky partitioner sends to one partition before switching."),
-    ("--adaptive/--no-adaptive", "adaptive", None,
-     "Sticky: prefer partitions with smaller backlogs."),
-    ("--availability-timeout", "partition_availability_timeout", click.FLOAT,
-     "Sticky: skip a partition whose consumer accepted nothing for this many seconds (0: never)."),
-    ("--max-message-size", "max_message_size", click.INT, "Largest payload in bytes."),
-    ("--max-key-size", "max_key_size", click.INT, "Longest key in bytes."),
-    ("--ingress", "ingress_enabled", ON_OFF,
-     "Accept publishes; while off, publishes are discarded (counted) or rejected, see "
-     "--reject-when-shutdown."),
-    ("--egress", "egress_enabled", ON_OFF, "Deliver to consumers; while off, messages wait."),
-    ("--consumer-timeout", "consumer_timeout", click.FLOAT,
-     "Seconds a consumer of another process or host may stay silent before it is unbound."),
-    ("--reject-msg-to-sender", "reject_msg_to_sender", ON_OFF,
-     "Reject publishes the queue refuses instead of discarding them; while ingress is off only "
-     "with --reject-when-shutdown on too."),
-    ("--reject-when-shutdown", "reject_msg_to_sender_when_shutdown", ON_OFF,
-     "Reject (not discard) publishes while ingress is off; needs --reject-msg-to-sender on."),
-    ("--access-type", "access_type", click.Choice(ACCESS_TYPES),
-     "non-exclusive: partitioned; exclusive: not partitioned, one consumer at a time (its "
-     "partition count is then 0). A change unbinds every consumer."),
-]
-assert {field for _, field, _, _ in SETTINGS} == set(USER_SETTABLE), "SETTINGS out of date"
-
-
-def setting_options(func):
-    """Every user-settable queue option; passes ``settings``: the fields given, by config name."""
-    for opt, field, ptype, help_text in reversed(SETTINGS):
-        kwargs: dict = {"default": None, "help": help_text}
-        if ptype is not None:
-            kwargs["type"] = ptype
-        func = click.option(opt, field, **kwargs)(func)
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        settings = {field: kwargs.pop(field) for _, field, _, _ in SETTINGS}
-        return func(*args, settings={k: v for k, v in settings.items() if v is not None}, **kwargs)
-    return wrapper
 
 
 @click.group()
@@ -160,7 +87,7 @@ def list_queues(app: App, out: Output) -> None:
 
 
 def queue_notes(broker, rows: list[dict]) -> list[str]:
-    """The warnings to print after a table of queue rows (``partq.stats.queue_row``): each
+    """The warnings to print after a table of queue rows (``partq.ops.stats.queue_row``): each
     queue's status warnings, then what a change of access type stranded in its parent queue."""
     notes = []
     for row in rows:

@@ -1,12 +1,12 @@
 """``partq rebalance Q --dry-run``: what the rebalancer would do, changing nothing (S38).
 
-The plan is ``Broker.rebalance_plan`` (``partq.rebalance_plan``); this module prints it.
+The plan is ``Broker.rebalance_plan`` (``partq.core.rebalance_plan``); this module prints it.
 """
 from __future__ import annotations
 
 import click
 
-from partq.notation import partition_label
+from partq.ops.formatting import partition_label
 from partq.tools.common import App, pass_app, read_only_option
 from partq.tools.output import Output, output_options
 

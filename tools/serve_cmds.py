@@ -11,11 +11,11 @@ import time
 
 import click
 
-from partq.listener import Limits
-from partq.server import Server
+from partq.remote.server import Server
 from partq.tools.common import App, UserError, pass_app
 from partq.tools.output import Output, output_options
-from partq.wire import read_token
+from partq.wire.handshake import read_token
+from partq.wire.listener import Limits
 
 LOG_FORMATS = ("text", "json")
 

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from partq.stats import stats as store_stats
+from partq.ops.stats import stats as store_stats
 from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, human_size, on_off, output_options
 from partq.tools.queue_cmds import queue_notes

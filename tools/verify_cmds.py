@@ -1,14 +1,14 @@
 """``partq verify``: check the crc32c (and decoding) of every stored record, with
-``partq.verify``; never binds, never changes anything.
+``partq.ops.verify``; never binds, never changes anything.
 """
 from __future__ import annotations
 
 import click
 
-from partq.notation import partition_label
+from partq.ops.formatting import partition_label
+from partq.ops.verify import verify as verify_store
 from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, output_options
-from partq.verify import verify as verify_store
 
 
 @click.command()

@@ -29,14 +29,14 @@ import uuid
 from collections.abc import Iterable
 
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
-from partq.delivery.control import ControlServer, query_view
-from partq.delivery.endpoint import LocalEndpoint
 from partq.delivery.flow_state import FlowState
-from partq.delivery.follower import FAILOVER_BACKOFF, FollowerQueue
-from partq.delivery.link import REQUEST_TIMEOUT, OwnerLost
+from partq.delivery.local_endpoint import LocalEndpoint
 from partq.delivery.lock import DeliveryLock
-from partq.delivery.runtime import QueueDelivery
-from partq.delivery.state import DeliveryView, doc_to_view, view_to_doc
+from partq.delivery.peers.link import REQUEST_TIMEOUT, OwnerLost
+from partq.delivery.peers.owner_channel import ControlServer, query_view
+from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
+from partq.delivery.queue_delivery import QueueDelivery
+from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
 from partq.errors import DeliveryLocked, InvalidConfig, PartqError, QueueNotFound
 from partq.message import FlowChangeUpdate, Message
@@ -57,7 +57,7 @@ class Dispatcher:
         self._runtimes: dict[str, QueueDelivery] = {}
         self._locks: dict[str, DeliveryLock] = {}
         self._servers: dict[str, ControlServer] = {}      # serving other processes' flows
-        self._followers: dict[str, FollowerQueue] = {}    # flows of queues others deliver
+        self._followers: dict[str, PeerQueue] = {}    # flows of queues others deliver
         self._changed = threading.Condition()
         self._generation = 0
         self._config_version = -1          # store version when configs were last compared
@@ -127,7 +127,7 @@ class Dispatcher:
         self._commit_and_notify(fut)
         return qd
 
-    def _follower(self, queue: str) -> FollowerQueue:
+    def _follower(self, queue: str) -> PeerQueue:
         """This process's group of flows of ``queue`` delivered by another process (connects to
         the owner's control socket on first use)."""
         with self.store.read() as r:
@@ -135,7 +135,7 @@ class Dispatcher:
         if raw is None:
             raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
                                 f"(or `partq queue create {queue}`)")
-        group = FollowerQueue(self, queue, raw["qid"])
+        group = PeerQueue(self, queue, raw["qid"])
         with self._lock:
             existing = self._followers.get(queue)
             if existing is None:
@@ -144,7 +144,7 @@ class Dispatcher:
         group.close()
         return existing
 
-    def forget_follower(self, queue: str, group: FollowerQueue) -> None:
+    def forget_follower(self, queue: str, group: PeerQueue) -> None:
         """``group``'s flows now live in this process's own runtime (it took delivery over)."""
         with self._lock:
             if self._followers.get(queue) is group:
@@ -187,7 +187,7 @@ class Dispatcher:
         return qd
 
     # ------------------------------------------------------------------ flows of other processes
-    def bind_remote(self, queue: str, name: str | None, hint: list[int] | None,
+    def bind_peer(self, queue: str, name: str | None, hint: list[int] | None,
                     skip_corrupt: bool, sink, client: str) -> str:
         """Bind a flow of another process (its control connection is ``sink``)."""
         state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt, remote=sink,
@@ -196,7 +196,7 @@ class Dispatcher:
         log.info("flow %s of %s bound to queue %r", name or state.flow_id, client, queue)
         return state.flow_id
 
-    def unbind_remote(self, queue: str, flow_id: str) -> None:
+    def unbind_peer(self, queue: str, flow_id: str) -> None:
         """A flow of another process leaves (it unbound, or its process disconnected or went
         quiet: seed 004 makes no difference)."""
         with self._lock:

@@ -1,5 +1,5 @@
 """One bound flow as its queue's runtime keeps it (``FlowState``), how the owner reaches a flow
-of another process (``RemoteSink``), and the errors of acks a flow may not make."""
+of another process (``PeerSink``), and the errors of acks a flow may not make."""
 from __future__ import annotations
 
 from collections import deque
@@ -29,7 +29,7 @@ def fenced_range(queue: str, flow, sp: int, seq: int) -> FlowFenced:
                       f"the flow's partitions")
 
 
-class RemoteSink(Protocol):
+class PeerSink(Protocol):
     """How the owner tells a flow of another process about changes (a control connection)."""
 
     def event(self, flow_id: str, update: FlowChangeUpdate) -> None: ...
@@ -44,7 +44,7 @@ class FlowState:
                  "closed_reason", "events", "on_change", "remote", "reported", "client")
 
     def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
-                 remote: RemoteSink | None = None, client: str | None = None) -> None:
+                 remote: PeerSink | None = None, client: str | None = None) -> None:
         self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
         self.inflight = 0                 # messages delivered to it and not acked
         self.rr = 0                       # where the next receive starts among its partitions

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from partq.hashing import crc32c_of
+from partq.core.key_hash import crc32c_of
 from partq.storage.encoding import record_fields
 
 CUTOVER = b"cutover"

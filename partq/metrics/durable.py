@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from partq.config import QueueConfig
 from partq.delivery.moves import OUTCOMES, read_counts
-from partq.publishing import discarded_count
+from partq.publish.publisher import discarded_count
 from partq.storage.encoding import unpack_u64
 from partq.storage.txn import QUEUE_REMOVED
 

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import MetricsHandler
 
 from partq.errors import InvalidConfig
-from partq.listener import is_loopback
 from partq.metrics.collector import BrokerCollector
 from partq.metrics.instruments import Instruments
-from partq.wire import parse_address
+from partq.wire.frames import parse_address
+from partq.wire.listener import is_loopback
 
 log = logging.getLogger("partq.metrics")
 

@@ -6,10 +6,9 @@ frame bounds and checks), ``primary`` (the listener's side), ``standby`` (the fo
 its bound), ``snapshot`` (one in flight, streamed into the standby's own directory),
 ``timeline`` (histories, so a standby never follows a primary whose commits are not its own),
 ``status`` (what both report). Frames and the handshake are
-``partq.wire``'s; the listener is ``partq.listener``'s.
+``partq.wire``'s; the listener is ``partq.wire.listener``'s.
 """
 from partq.errors import ReplicationRefused, ReplicationTimeout
-from partq.replication.gate import SyncGate
 from partq.replication.primary import ReplicationServer
 from partq.replication.protocol import (
     MAX_FRAME,
@@ -21,7 +20,8 @@ from partq.replication.slots import SlotKeeper, drop_slot, list_slots, stored_st
 from partq.replication.snapshot import install_snapshot
 from partq.replication.standby import StandbyFollower, promote_store
 from partq.replication.status import ReplicationStatus, StandbyLink
-from partq.wire import FrameError, parse_address, recv_frame, send_frame
+from partq.replication.sync_gate import SyncGate
+from partq.wire.frames import FrameError, parse_address, recv_frame, send_frame
 
 stored_slots_status = stored_status      # the name callers used before slots had their room
 

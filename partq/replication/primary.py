@@ -32,9 +32,7 @@ import crc32c
 import msgpack
 
 from partq.errors import InvalidConfig, PartqError, ReplicationRefused
-from partq.listener import Listener
 from partq.replication import slots, timeline
-from partq.replication.gate import SyncGate
 from partq.replication.protocol import (
     ACK_FRAME,
     BATCH_BYTES,
@@ -58,7 +56,9 @@ from partq.replication.status import (
     stored_messages,
     u64,
 )
-from partq.wire import FrameError, recv_frame, send_frame
+from partq.replication.sync_gate import SyncGate
+from partq.wire.frames import FrameError, recv_frame, send_frame
+from partq.wire.listener import Listener
 
 log = logging.getLogger("partq.replication")
 

@@ -29,8 +29,9 @@ import ssl
 from dataclasses import dataclass
 
 from partq.errors import InvalidConfig
-from partq.listener import Limits
-from partq.wire import FrameError, read_token
+from partq.wire.frames import FrameError
+from partq.wire.handshake import read_token
+from partq.wire.listener import Limits
 
 ROLE = "replication"
 MAX_FRAME = 8 << 20            # bytes: the largest frame a standby reads from its primary

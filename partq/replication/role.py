@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from partq.errors import InvalidConfig
-from partq.oplog import LinkWatch
+from partq.replication.link_watch import LinkWatch
 from partq.replication.primary import ReplicationServer
 from partq.replication.protocol import ReplicationOptions
 from partq.replication.slots import SlotKeeper, stored_status

@@ -35,7 +35,7 @@ from partq.replication.protocol import (
     lsn_field,
 )
 from partq.storage.encoding import pack_u64
-from partq.wire import FrameError, recv_frame, send_frame
+from partq.wire.frames import FrameError, recv_frame, send_frame
 
 log = logging.getLogger("partq.replication")
 

@@ -45,7 +45,8 @@ from partq.replication.snapshot import install_snapshot, received, remove_leftov
 from partq.replication.status import ReplicationStatus, u64
 from partq.storage.encoding import pack_u64
 from partq.storage.writer import decode_change
-from partq.wire import FrameError, client_handshake, parse_address, recv_frame, send_frame
+from partq.wire.frames import FrameError, parse_address, recv_frame, send_frame
+from partq.wire.handshake import client_handshake
 
 log = logging.getLogger("partq.replication")
 

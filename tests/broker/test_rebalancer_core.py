@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from partq.rebalancer import (
+from partq.core.rebalancer import (
     HOLDDOWN,
     PAUSED,
     READY,

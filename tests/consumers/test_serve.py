@@ -18,8 +18,8 @@ from tools_helpers import PARTQ_SCRIPT
 
 import partq
 import partq.aio
-from partq.listener import Limits
-from partq.server import Server
+from partq.remote.server import Server
+from partq.wire.listener import Limits
 
 TOKEN = "a-test-token-of-32-bytes-or-so!!"
 

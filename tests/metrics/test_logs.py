@@ -9,7 +9,7 @@ import logging
 from helpers import wait_until
 
 import partq
-from partq import oplog
+from partq.replication import link_watch
 
 
 def lines(caplog, logger: str = "partq") -> list[str]:
@@ -113,8 +113,8 @@ def test_scaling_steps_and_the_open_report_are_logged(data_dir, clock, caplog):
 
 
 def test_replication_links_and_lag_alarms_are_logged(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(oplog, "WATCH_INTERVAL", 0.02)
-    monkeypatch.setattr(oplog, "LAG_ALARM_SECONDS", 0.05)
+    monkeypatch.setattr(link_watch, "WATCH_INTERVAL", 0.02)
+    monkeypatch.setattr(link_watch, "LAG_ALARM_SECONDS", 0.05)
     caplog.set_level(logging.INFO, logger="partq")
     with partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0") as primary:
         primary.create_queue("q", partitions=1)

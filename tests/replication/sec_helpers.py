@@ -16,7 +16,8 @@ from repl_helpers import key, payload
 import partq
 from partq.replication import list_slots
 from partq.replication.protocol import MAX_FRAME
-from partq.wire import client_handshake, recv_frame, send_frame
+from partq.wire.frames import recv_frame, send_frame
+from partq.wire.handshake import client_handshake
 
 TOKEN = "replication-token-for-tests-0123456789"
 MARKER = b"msg-00000"          # every payload starts with it (repl_helpers.payload)

@@ -39,7 +39,8 @@ from sec_helpers import (
 
 import partq
 from partq.replication import ReplicationTimeout
-from partq.wire import HANDSHAKE_FRAME, NONCE_BYTES, recv_frame, send_frame
+from partq.wire.frames import recv_frame, send_frame
+from partq.wire.handshake import HANDSHAKE_FRAME, NONCE_BYTES
 
 
 def _identical(tmp_path, standby="standby") -> None:

@@ -27,7 +27,7 @@ from sec_helpers import (
 
 import partq
 from partq.replication.timeline import read_history
-from partq.wire import FrameError, encode_frame, read_frame, recv_frame
+from partq.wire.frames import FrameError, encode_frame, read_frame, recv_frame
 
 HEADER = struct.Struct(">II")
 msgpack_values = st.recursive(

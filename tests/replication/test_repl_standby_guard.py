@@ -26,7 +26,8 @@ import partq
 from partq.replication.protocol import MAX_FRAME
 from partq.replication.timeline import read_history
 from partq.storage.encoding import unpack_u64
-from partq.wire import client_handshake, recv_frame, send_frame, server_handshake
+from partq.wire.frames import recv_frame, send_frame
+from partq.wire.handshake import client_handshake, server_handshake
 
 HEADER = struct.Struct(">II")
 

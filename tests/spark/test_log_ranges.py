@@ -1,4 +1,4 @@
-"""Reading ranges of a queue's logs without Spark (partq.log_ranges, partq.spark.rows, offsets):
+"""Reading ranges of a queue's logs without Spark (partq.jobs.log_ranges, partq.spark.rows, offsets):
 what the batch reader and the stream's tasks do, on real LMDB directories."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from helpers import drain
 
 import partq
-from partq.log_ranges import queue_logs, read_range
+from partq.jobs.log_ranges import queue_logs, read_range
 from partq.storage.encoding import PARENT
 
 

@@ -8,7 +8,7 @@ pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[
 
 import partq
 import partq.spark
-from partq.browse import browse
+from partq.ops.browse import browse
 from partq.spark.rows import header_map
 from partq.storage.encoding import PARENT
 

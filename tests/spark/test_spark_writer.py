@@ -21,7 +21,7 @@ pytest.importorskip("pyspark", reason="needs the spark extra: pip install -e '.[
 from pyspark.sql import functions as F
 
 import partq
-from partq import staging
+from partq.jobs import staging
 from partq.spark import PartqDataSource, PartqWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")

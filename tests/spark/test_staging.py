@@ -1,4 +1,4 @@
-"""partq.staging without Spark: stage per attempt, publish exactly once on commit, abort, orphans."""
+"""partq.jobs.staging without Spark: stage per attempt, publish exactly once on commit, abort, orphans."""
 from __future__ import annotations
 
 import threading
@@ -7,8 +7,8 @@ import pytest
 from spark_helpers import all_messages, read_queue
 
 import partq
-from partq import staged, staging
-from partq.staging import (
+from partq.jobs import staged, staging
+from partq.jobs.staging import (
     JobAborted,
     JobFinished,
     StagedRowsMismatch,

@@ -369,7 +369,7 @@ def test_status_from_a_third_process_after_a_scale_up_the_owner_has_not_applied(
     """Once a partq bug (worked around in the tool until fixed): a process owning delivery
     has persisted assignments for 2 partitions, another Broker scales the queue to 4, and a
     process that does not run delivery asks for the status before the owner applied it."""
-    from partq.rebalancer import Rebalancer
+    from partq.core.rebalancer import Rebalancer
     owner = partq.Broker.open(data, clock=partq.ManualClock())   # never ticks on its own
     try:
         owner.create_queue("orders", partitions=2, rebalance_delay=0)

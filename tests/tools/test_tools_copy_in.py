@@ -37,7 +37,7 @@ def _contents(broker, queue: str) -> collections.Counter:
     out: collections.Counter = collections.Counter()
     with broker.store.read() as r:
         raw = r.queue(queue)
-    from partq.browse import browse
+    from partq.ops.browse import browse
     for row in browse(broker.store, queue, None, False, 0, None, None, 0):
         out[_freeze((row["payload"], row["key"], row["headers"]))] += 1
     assert raw is not None
@@ -209,7 +209,7 @@ def test_copy_in_killed_and_rerun_copies_everything_once(partq_script, data, run
 
 
 def test_copy_in_library_call(broker, tmp_path, run, src):
-    from partq.copyin import copy_in
+    from partq.ops.copy_in import copy_in
     export = tmp_path / "src.jsonl"
     ok(run("copy-out", "src", "--to-file", export))
     broker.create_queue("dst")

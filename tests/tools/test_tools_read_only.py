@@ -1,4 +1,4 @@
-"""Reading a store without writing it (``partq.readonly``): ``inspect``, ``queue list|show``,
+"""Reading a store without writing it (``partq.ops.read_only``): ``inspect``, ``queue list|show``,
 ``stats`` and ``verify`` for a user who may read the directory but not write it, forced with
 ``--read-only`` / ``PARTQ_READ_ONLY``, and what a concurrent writer does to such a reader.
 
@@ -19,8 +19,8 @@ import pytest
 from tools_helpers import invoke, json_lines, ok, user_error
 
 import partq
-from partq import readonly
-from partq.readonly import open_read_only, open_store_read_only
+from partq.ops import read_only
+from partq.ops.read_only import open_read_only, open_store_read_only
 
 DROP_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
 READ_COMMANDS = [["queue", "list"], ["queue", "show", "q"], ["stats"], ["verify"],
@@ -129,26 +129,26 @@ def test_a_torn_read_is_made_again(data, monkeypatch):
     store = open_store_read_only(data)
     try:
         verdicts = iter([False, False, True])        # torn twice, then intact
-        monkeypatch.setattr(readonly.ReadOnlyStore, "unchanged_since",
+        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since",
                             lambda self, txnid: next(verdicts, True))
         with store.read() as r:
             config = r.queue("q")
             assert config is not None and config["name"] == "q"
-        monkeypatch.setattr(readonly.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
+        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
         with pytest.raises(partq.TornRead, match="run the command again"):
             with store.read() as r:
                 r.queues()
         # an earlier answer of the block that differs on the fresh snapshot: cannot be mended
         verdicts = iter([True, False])
-        monkeypatch.setattr(readonly.ReadOnlyStore, "unchanged_since",
+        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since",
                             lambda self, txnid: next(verdicts, True))
-        real = readonly.Reader.head
+        real = read_only.Reader.head
         calls = []
 
         def head(self, qid, p):
             calls.append(p)
             return real(self, qid, p) + (1 if len(calls) > 2 else 0)   # "a publish" meanwhile
-        monkeypatch.setattr(readonly.Reader, "head", head)
+        monkeypatch.setattr(read_only.Reader, "head", head)
         with pytest.raises(partq.TornRead):
             with store.read() as r:
                 r.head(1, 0)
@@ -159,8 +159,8 @@ def test_a_torn_read_is_made_again(data, monkeypatch):
 
 def test_a_torn_read_is_one_line_from_the_command(data, monkeypatch):
     _fill(data)
-    monkeypatch.setattr(readonly, "RETRY_PAUSE", 0.0)
-    monkeypatch.setattr(readonly.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
+    monkeypatch.setattr(read_only, "RETRY_PAUSE", 0.0)
+    monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
     for command in READ_COMMANDS:
         user_error(invoke("--data", data, *command, "--read-only"), "changed under this read",
                    "run the command again")

@@ -1,0 +1,157 @@
+"""Rebalance dry-run (S38): what the rebalancer would do, worked out on a copy of its state.
+
+Pure, like the rebalancer it drives: the caller gives the stored core state (``Rebalancer.to_dict``)
+and per-partition counts; nothing is read or written. The copy is put through the change asked
+for (``add`` flows, ``remove`` flows, or a ``consumers`` count), then through the end of the
+holddown (the rebalance delay) and the end of every handoff it starts, and the plan lists what
+happened to each partition on the way:
+
+* ``assign``: owned by nobody, given to a flow at once (no handoff: nothing was delivered);
+* ``handoff``: paused, with its unacked messages, until its owner acks them (at most
+  ``max_handoff_time``), then moved (S12, S13);
+* ``move``: moved at once, with no pause, because its owner is gone or ``max_handoff_time`` is
+  0: its unacked messages are redelivered to the new owner from the ack floor;
+* ``unassign``: no flow left for it.
+
+``--consumers N`` on a set of B bound flows adds N - B flows, or removes B - N: standbys first,
+then the most recently bound flows (the ones the rebalancer would give least).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partq.core.rebalancer import Assign, FlowInfo, Handoff, Pause, Rebalancer
+from partq.errors import InvalidConfig
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str                 # "add" | "remove"
+    name: str                 # the flow's name, or its id (remove)
+
+
+def plan_rebalance(core: dict, *, owner_running: bool, rebalance_delay: float,
+                   max_handoff_time: float, index: list[int], unacked: dict[int, int],
+                   depth: dict[int, int], consumers: int | None = None,
+                   add: list[str] | tuple[str, ...] = (),
+                   remove: list[str] | tuple[str, ...] = ()) -> dict:
+    """The plan as a document (see the module docstring). ``core``: the stored core state;
+    ``owner_running``: whether a process runs the queue's delivery (if not, every flow is a ghost
+    that must rebind within the delay); ``index``: the storage partition of each slot;
+    ``unacked`` / ``depth``: per storage partition."""
+    sim = _copy(core, owner_running, rebalance_delay, max_handoff_time)
+    before = {f.flow_id: (f.name, sorted(f.partitions), f.bound) for f in sim.flows.values()}
+    owners_before = list(sim.owner)
+    changes = _changes(sim, consumers, list(add), list(remove))
+    names = {fid: name for fid, (name, _, _) in before.items()}
+    events: list[tuple[str, object]] = []
+    seq = 0
+    for change in changes:
+        if change.kind == "add":
+            seq += 1
+            fid = f"new-{seq}"
+            names[fid] = change.name
+            events += [("now", a) for a in sim.bind(fid, 0.0, name=change.name)]
+        else:
+            fid = _find(sim, change.name)
+            events += [("now", a) for a in sim.unbind(fid, 0.0)]
+    holddown_at = sim.holddown_deadline
+    if holddown_at is not None:
+        events += [("after holddown", a) for a in sim.tick(holddown_at)]
+    handoffs = {p: (h.source, h.target) for p, h in sim.handoffs.items()}
+    end = (holddown_at or 0.0) + max_handoff_time + 1.0
+    events += [("after handoff", a) for a in sim.tick(end)]
+
+    first: dict[int, str] = {}      # partition -> when it was first paused or reassigned
+    paused: set[int] = set()
+    for when, a in events:
+        if isinstance(a, (Pause, Assign)):
+            first.setdefault(a.p, when)
+            if isinstance(a, Pause):
+                paused.add(a.p)
+    steps = []
+    for p, when in first.items():
+        src = owners_before[p] if p < len(owners_before) else None
+        dst = sim.owner[p] if p < sim.n else None
+        if src == dst and p not in paused:
+            continue
+        sp = index[p] if p < len(index) else p
+        if p in paused:
+            kind = "handoff"
+            src = handoffs.get(p, (src, dst))[0]
+        elif src is None:
+            kind = "assign"
+        elif dst is None:
+            kind = "unassign"
+        else:
+            kind = "move"
+        steps.append({"partition": sp, "action": kind, "when": when,
+                      "from_flow": src, "from_name": names.get(src) if src else None,
+                      "to_flow": dst, "to_name": names.get(dst) if dst else None,
+                      "unacked": unacked.get(sp, 0), "depth": depth.get(sp, 0)})
+    steps.sort(key=lambda s: (s["when"] != "now", s["partition"]))
+    flows_after = sorted(sim.flows.values(), key=lambda f: f.order)
+    after = [{"flow": f.flow_id, "name": f.name, "new": f.flow_id not in before,
+              "partitions": sorted(index[p] if p < len(index) else p for p in f.partitions)}
+             for f in flows_after]
+    counts = [len(f.partitions) for f in flows_after if f.partitions]
+    return {
+        "changes": [{"kind": c.kind, "name": c.name} for c in changes],
+        "holddown_seconds": rebalance_delay if holddown_at is not None else 0.0,
+        "max_handoff_time": max_handoff_time,
+        "before": [{"flow": fid, "name": name, "bound": bound,
+                    "partitions": [index[p] if p < len(index) else p for p in parts]}
+                   for fid, (name, parts, bound) in before.items()],
+        "steps": steps,
+        "after": after,
+        "balanced": not counts or max(counts) - min(counts) <= 1,
+        "unassigned": [index[p] if p < len(index) else p for p in range(sim.n)
+                       if sim.owner[p] is None],
+        "status_after": str(sim.status),
+    }
+
+
+def _copy(core: dict, owner_running: bool, delay: float, handoff: float) -> Rebalancer:
+    """The core as stored: flows keep their bound flag when an owner runs (when none does they
+    are ghosts, as a new owner would restore them); a stored handoff is in progress."""
+    sim = Rebalancer.restored(core, delay, handoff, 0.0)
+    if not owner_running:
+        return sim
+    sim.flows.clear()
+    for flow_id, name, order, bound, parts in core["flows"]:
+        sim.flows[flow_id] = FlowInfo(flow_id, name, order, bool(bound), set(parts))
+    for p, source, target in core.get("handoffs", []):
+        if p < sim.n and source in sim.flows and target in sim.flows:
+            sim.handoffs[p] = Handoff(source, target, handoff)
+    sim.holddown_deadline = delay if core.get("holddown") else None
+    return sim
+
+
+def _changes(sim: Rebalancer, consumers: int | None, add: list[str],
+             remove: list[str]) -> list[Change]:
+    if consumers is not None and (add or remove):
+        raise InvalidConfig("give either a consumer count or flows to add and remove, not both")
+    if consumers is None:
+        for name in remove:
+            _find(sim, name)      # unknown names fail before anything is worked out
+        for name in add:
+            if any(f.name == name for f in sim.bound_flows()) or add.count(name) > 1:
+                raise InvalidConfig(f"a flow named {name!r} is bound already; names are unique")
+        return [Change("remove", n) for n in remove] + [Change("add", n) for n in add]
+    if consumers < 0:
+        raise InvalidConfig(f"the consumer count must be >= 0, not {consumers}")
+    bound = sim.bound_flows()
+    if consumers >= len(bound):
+        return [Change("add", f"consumer-{i + 1}") for i in range(consumers - len(bound))]
+    # standbys first, then the most recently bound
+    gone = sorted(bound, key=lambda f: (bool(f.partitions), -f.order))[:len(bound) - consumers]
+    return [Change("remove", f.name or f.flow_id) for f in gone]
+
+
+def _find(sim: Rebalancer, name: str) -> str:
+    """The id of the bound flow named ``name`` (or with that id)."""
+    for f in sim.bound_flows():
+        if f.flow_id == name or f.name == name:
+            return f.flow_id
+    known = ", ".join(sorted(f.name or f.flow_id for f in sim.bound_flows())) or "none"
+    raise InvalidConfig(f"no bound flow named {name!r} (bound: {known})")

@@ -1,0 +1,187 @@
+"""The delivery state a queue's owner persists (one codec), and the view of it that status shows.
+
+The owner writes the blob with every change of assignment, in the same commit (S17): the pure
+core's state, the delivery mode it belongs to, and the statuses it computed. Any process reads it
+back: a new owner restores the core from it, and ``queue_status`` shows it from a process that
+does not run delivery.
+
+    blob = msgpack {"mode": "partitioned" | "exclusive", "core": Rebalancer.to_dict(),
+                    "rebalance_status": str, "partition_status": [str per slot]}
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+from partq.core.rebalancer import Rebalancer
+from partq.errors import CorruptStore
+from partq.states import PartitionState, RebalanceState
+
+
+@dataclass(frozen=True)
+class StoredState:
+    mode: str
+    core: dict
+    rebalance_status: str
+    partition_status: list[str]
+
+
+def encode_state(mode: str, core: Rebalancer) -> bytes:
+    return msgpack.packb({
+        "mode": mode,
+        "core": core.to_dict(),
+        "rebalance_status": core.status,
+        "partition_status": [core.partition_status(p) for p in range(core.n)],
+    }, use_bin_type=True)
+
+
+def decode_state(blob: bytes | None, what: str) -> StoredState | None:
+    """The stored state, or None when there is none. Raises ``CorruptStore`` when damaged."""
+    if blob is None:
+        return None
+    try:
+        d = msgpack.unpackb(blob, raw=False)
+        return StoredState(d.get("mode", "partitioned"), d["core"], d["rebalance_status"],
+                           list(d["partition_status"]))
+    except Exception:
+        raise CorruptStore(f"the delivery state of {what} is damaged; restore from a DR-standby "
+                           f"or backup") from None
+
+
+@dataclass(frozen=True)
+class SlotView:
+    partition: int              # the storage partition (PARENT for an exclusive queue)
+    status: str
+    flow: str | None
+    flow_name: str | None
+    unacked: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class FlowView:
+    flow_id: str
+    name: str | None
+    bound: bool
+    active: bool                # holds partitions (a standby does not)
+    partitions: list[int]       # storage partitions, sorted
+    client: str | None = None           # "pid P on HOST" of the process the flow lives in
+    connected_at: float | None = None   # wall time its process connected (another process)
+    heartbeat_age: float | None = None  # seconds since its process was last heard from
+
+
+@dataclass(frozen=True)
+class DeliveryView:
+    """Statuses, owners and flows of one queue's delivery, live or as last stored."""
+    mode: str
+    rebalance_status: str
+    slots: list[SlotView]
+    flows: list[FlowView]
+
+
+def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
+    """The view as a msgpack-able document, with what the control server knows of the flows
+    of other processes (``clients``: flow id -> client, since, heartbeat_age)."""
+    doc = dataclasses.asdict(view)
+    for flow in doc["flows"]:
+        info = clients.get(flow["flow_id"])
+        if info is not None:
+            flow.update(client=info["client"], connected_at=info["since"],
+                        heartbeat_age=info["heartbeat_age"])
+    return doc
+
+
+def doc_to_view(doc: dict) -> DeliveryView:
+    return DeliveryView(doc["mode"], doc["rebalance_status"],
+                        [SlotView(**slot) for slot in doc["slots"]],
+                        [FlowView(**flow) for flow in doc["flows"]])
+
+
+def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
+            statuses: list[str] | None, bound: bool,
+            live: Callable[[int], tuple[int, str | None]] = lambda sp: (0, None),
+            mode: str = "partitioned",
+            client: Callable[[str], str | None] = lambda fid: None) -> DeliveryView:
+    """The view of ``core`` delivering the storage partitions ``index`` (slot order).
+    ``statuses``: the stored statuses to show instead of the core's; ``bound``: whether flows
+    shown bound are (False from a process that only read the stored state); ``live(sp)``: the
+    unacked count and delivery error of a storage partition."""
+    slots = []
+    for slot, sp in enumerate(index):
+        owner = core.owner[slot] if slot < core.n else None
+        info = core.flows.get(owner) if owner else None
+        if statuses and slot < len(statuses):
+            status = statuses[slot]
+        else:
+            status = core.partition_status(slot) if slot < core.n else PartitionState.UNASSIGNED
+        unacked, error = live(sp)
+        slots.append(SlotView(sp, status, owner, info.name if info else None, unacked, error))
+    flows = [FlowView(f.flow_id, f.name, f.bound and bound, bool(f.partitions),
+                      sorted(index[s] for s in f.partitions if s < len(index)),
+                      client(f.flow_id))
+             for f in sorted(core.flows.values(), key=lambda f: f.order)]
+    return DeliveryView(mode, rebalance_status, slots, flows)
+
+
+def stored_view(state: StoredState | None, mode: str, index: list[int],
+                owner_running: bool) -> DeliveryView:
+    """The view a process that does not run delivery shows: the owner's last stored state. When
+    no process runs delivery the stored statuses are stale: the core's own (its flows are
+    ghosts: Unbound) are shown instead, and rebalancing is Ready."""
+    if state is not None and state.mode != mode:
+        state = None     # the owner has not applied an access-type change yet
+    if state is None:
+        return view_of(Rebalancer(len(index), 0, 0), index, RebalanceState.READY, None,
+                       bound=False, mode=mode)
+    core = Rebalancer.restored(state.core, 0, 0, 0)
+    if not owner_running:
+        return view_of(core, index, RebalanceState.READY, None, bound=False, mode=mode)
+    return view_of(core, index, state.rebalance_status, state.partition_status, bound=False,
+                   mode=mode)
+
+
+class Assignment:
+    """The owner's persisted assignment as a process delivering some of its flows reads it:
+    who holds each slot under which epoch, which slots are paused for a handoff."""
+
+    def __init__(self, config, blob: bytes | None) -> None:
+        from partq.delivery.layout import delivery_layout
+        self.config = config
+        mode, self.index = delivery_layout(config)
+        state = decode_state(blob, f"queue {config.name!r}")
+        self.owner: list[str | None] = [None] * len(self.index)
+        self.epoch = [0] * len(self.index)
+        self.paused: set[int] = set()
+        self.bound: set[str] = set()
+        if state is None or state.mode != mode:
+            return
+        core = state.core
+        for fid, _name, _order, bound, parts in core["flows"]:
+            if bound:
+                self.bound.add(fid)
+            for slot in parts:
+                if slot < len(self.owner):
+                    self.owner[slot] = fid
+        epochs = core.get("epochs", [])
+        for slot in range(min(len(epochs), len(self.epoch))):
+            self.epoch[slot] = epochs[slot]
+        self.paused = {p for p, _src, _dst in core["handoffs"]}
+
+    def held_by(self, flow_id: str) -> list[tuple[int, int, int]]:
+        """(slot, storage partition, epoch) of every slot ``flow_id`` holds while bound."""
+        if flow_id not in self.bound:
+            return []
+        return [(slot, self.index[slot], self.epoch[slot])
+                for slot, owner in enumerate(self.owner) if owner == flow_id]
+
+    def holds(self, flow_id: str, sp: int, epoch: int) -> bool:
+        if flow_id not in self.bound:
+            return False
+        try:
+            slot = self.index.index(sp)
+        except ValueError:
+            return False
+        return self.owner[slot] == flow_id and self.epoch[slot] == epoch

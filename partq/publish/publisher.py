@@ -1,0 +1,347 @@
+"""Publishing: validate and encode messages in the caller's thread, place them in the write
+transaction (S1, S2, S19, S23).
+
+The partition of a message is chosen *inside* the write transaction, from the partition count
+that transaction sees, so a scale done by another process meanwhile can never misplace it: the
+caller's thread only hashes keys (``encode``); ``place`` takes them modulo the count.
+
+Thread-safety: ``encode``, ``publish_async`` and ``publish_many`` may be called from any thread;
+``place`` and ``place_count`` run inside a write operation, i.e. in the group-commit thread.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+from partq.config import QueueConfig
+from partq.core.key_hash import crc32c_of
+from partq.core.partitioners import RandomPartitioner, StickyPartitioner, make_partitioner
+from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound
+from partq.message import PublishResult
+from partq.pending import Pending
+from partq.publish.load_sampler import LoadSampler
+from partq.storage import crashpoints
+from partq.storage.encoding import (
+    PARENT,
+    check_headers,
+    decode_meta,
+    frame_crc,
+    pack_record_body,
+    pack_u64,
+    unpack_u64,
+)
+
+DISCARDED = PublishResult(-1, -1, discarded=True)
+COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
+
+Encoded = list[tuple[int | None, bytes]]    # (crc32c of the key or None, record bytes) per message
+
+
+class _PublishOne:
+    """One ``publish`` queued for the group commit. Concurrent publishes to one queue that land
+    in the same commit are placed together (``run_merged``): one append per partition instead of
+    one per message, which is what lets many publishing threads share a commit cheaply."""
+
+    __slots__ = ("publisher", "queue", "items", "merge_key")
+
+    def __init__(self, publisher: Publisher, queue: str, items: Encoded) -> None:
+        self.publisher, self.queue, self.items = publisher, queue, items
+        self.merge_key = ("publish", id(publisher), queue)
+
+    def __call__(self, w) -> PublishResult:
+        return self.publisher.place(w, self.queue, self.items)[0]
+
+    @staticmethod
+    def run_merged(w, ops: list[_PublishOne]) -> list[PublishResult]:
+        first = ops[0]
+        return first.publisher.place(w, first.queue, [op.items[0] for op in ops])
+
+
+def checkpoint_key(name: str) -> bytes:
+    if not isinstance(name, str) or not 0 < len(name.encode()) <= 400:
+        raise InvalidConfig(f"a checkpoint name is a str of 1 to 400 bytes, not {name!r}")
+    return b"checkpoint/" + name.encode()
+
+
+def checkpoint_position(checkpoint) -> tuple[str, int]:
+    """``(name, position)`` of a ``publish_many`` checkpoint, checked: the position is stored
+    as an unsigned 64-bit integer, so it must be an int from 0 to 2**64 - 1."""
+    if not isinstance(checkpoint, tuple) or len(checkpoint) != 2:
+        raise InvalidConfig(f"checkpoint must be a (name, position) tuple, not {checkpoint!r}")
+    name, position = checkpoint
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 1 << 64:
+        raise InvalidConfig(f"a checkpoint position must be an integer from 0 to 2**64 - 1, not "
+                            f"{position!r}")
+    return name, position
+
+
+class Publisher:
+    """The publishing side of one open directory."""
+
+    def __init__(self, store, clock, rng: random.Random) -> None:
+        self.store = store
+        self.clock = clock
+        self._rng = rng
+        self._configs: dict[str, QueueConfig] = {}       # caller-side cache (validation only)
+        self._raw_configs: dict[bytes, QueueConfig] = {}  # writer-side decode cache
+        self._partitioners: dict[int, tuple[QueueConfig, RandomPartitioner | StickyPartitioner,
+                                            LoadSampler]] = {}
+
+    # ------------------------------------------------------------------ caller side
+    def config(self, queue: str) -> QueueConfig:
+        """The queue's config for validating publishes (cached: limits rarely change, and the
+        write transaction reads the current one anyway)."""
+        if type(queue) is not str:
+            raise InvalidConfig(f"queue must be a queue name (str), not {type(queue).__name__}")
+        config = self._configs.get(queue)
+        if config is None:
+            with self.store.read() as r:
+                raw = r.queue(queue)
+            if raw is None:
+                raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
+                                    f"(or `partq queue create {queue}`)")
+            config = self._configs[queue] = QueueConfig.from_dict(raw)
+        return config
+
+    def forget(self, queue: str) -> None:
+        """Drop the cached config of ``queue`` (it changed)."""
+        self._configs.pop(queue, None)
+
+    def publish_async(self, queue: str, payload: bytes, key: str | None = None,
+                      headers: dict | None = None) -> Pending:
+        config = self.config(queue)
+        encoded = encode(config, ((payload, key, headers),), self.clock.wall_ns())
+        return Pending(self.store.submit(_PublishOne(self, queue, encoded)))
+
+    def publish_many_async(self, queue: str, items: Iterable) -> Pending:
+        """``publish_many`` without waiting: checked and encoded now, one transaction, durable
+        once ``result()`` returns."""
+        config = self.config(queue)
+        encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
+        if not encoded:
+            return Pending(None, [])
+        return Pending(self.store.submit(lambda w: self.place(w, queue, encoded)))
+
+    def publish_each_async(self, queue: str, items: list) -> Pending:
+        """Publish independent messages in one transaction: each item's result, or the
+        ``InvalidMessage`` that refused it alone (``result()`` gives one entry per item). A
+        server coalesces its clients' single publishes this way."""
+        config = self.config(queue)
+        now = self.clock.wall_ns()
+        out: list = [None] * len(items)
+        encoded: list[tuple[int, tuple[int | None, bytes]]] = []
+        for i, item in enumerate(items):
+            try:
+                encoded.append((i, encode(config, (item,), now)[0]))
+            except InvalidMessage as exc:
+                out[i] = exc
+        if not encoded:
+            return Pending(None, out)
+
+        def op(w):
+            results = self.place(w, queue, [e for _, e in encoded])
+            for (i, _), result in zip(encoded, results, strict=True):
+                out[i] = result
+            return out
+        return Pending(self.store.submit(op))
+
+    def publish_many(self, queue: str, items: Iterable,
+                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
+        if checkpoint is None:
+            return self.publish_many_async(queue, items).result()
+        name, position = checkpoint_position(checkpoint)
+        key = checkpoint_key(name)
+        config = self.config(queue)
+        encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
+
+        def op(w):
+            config = self.config_in(w, queue)
+            stored = w.queue_meta(config.qid, key)
+            if stored is not None and unpack_u64(stored) >= position:
+                return []
+            if not config.ingress_enabled:
+                raise IngressDisabled(f"queue {queue!r} has ingress disabled: a checkpointed copy "
+                                      f"would lose the batch; enable ingress and run it again")
+            w.put_queue_meta(config.qid, key, pack_u64(position))
+            return self.place(w, queue, encoded) if encoded else []
+        return self.store.write(op)
+
+    def checkpoint(self, queue: str, name: str) -> int | None:
+        with self.store.read() as r:
+            raw = r.queue(queue)
+            if raw is None:
+                raise QueueNotFound(f"no queue named {queue!r}")
+            stored = r.queue_meta(raw["qid"], checkpoint_key(name))
+        return None if stored is None else unpack_u64(stored)
+
+    # ------------------------------------------------------------------ in the transaction
+    def config_in(self, w, queue: str) -> QueueConfig:
+        """The queue's config as of this transaction (another process may have changed it)."""
+        raw = w.queue_raw(queue)
+        if raw is None:
+            raise QueueNotFound(f"no queue named {queue!r}")
+        config = self._raw_configs.get(raw)
+        if config is None:
+            if len(self._raw_configs) > 64:
+                self._raw_configs.clear()
+            config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
+        return config
+
+    def place(self, w, queue: str, items: Encoded) -> list[PublishResult]:
+        """Append encoded messages to ``queue`` in this transaction; one result per message (a
+        discarded one when ingress is off and the queue discards, S19)."""
+        config = self.config_in(w, queue)
+        if not config.ingress_enabled:
+            self._refuse(w, config, len(items))
+            return [DISCARDED] * len(items)
+        ps, firsts = self._append(w, config, items)
+        out = []
+        new = tuple.__new__
+        for p in ps:        # each partition's seqs go up from its first, in batch order
+            seq = firsts[p]
+            firsts[p] = seq + 1
+            out.append(new(PublishResult, (p, seq, False)))
+        return out
+
+    def place_count(self, w, queue: str, items: Encoded) -> tuple[int, int]:
+        """``place`` for bulk callers that need no results: (published, discarded)."""
+        config = self.config_in(w, queue)
+        if not config.ingress_enabled:
+            self._refuse(w, config, len(items))
+            return 0, len(items)
+        self._append(w, config, items)
+        return len(items), 0
+
+    def _append(self, w, config: QueueConfig, items: Encoded) -> tuple[list[int], dict[int, int]]:
+        """Choose each message's partition (S1, S2) and append them, one append per partition;
+        return the partition of each message and the first sequence each partition got."""
+        qid, n = config.qid, config.partitions
+        if not config.partitioned:     # exclusive: the parent queue's log, in publish order
+            return [PARENT] * len(items), {PARENT: w.append(qid, PARENT, [r for _, r in items])}
+        if len(items) == 1:
+            key_hash, record = items[0]
+            p = key_hash % n if key_hash is not None else self._unkeyed(w, config)(len(record))
+            return [p], {p: w.append(qid, p, [record])}
+        try:
+            # all keyed, the common case; a None hash raises TypeError, handled below
+            ps = [key_hash % n for key_hash, _ in items]  # type: ignore[operator]
+        except TypeError:
+            choose = self._unkeyed(w, config)
+            ps = [key_hash % n if key_hash is not None else choose(len(record))
+                  for key_hash, record in items]
+        buckets: dict[int, list[bytes]] = {p: [] for p in set(ps)}
+        for p, (_, record) in zip(ps, items, strict=True):
+            buckets[p].append(record)
+        firsts = {}
+        for p, recs in buckets.items():
+            firsts[p] = w.append(qid, p, recs)
+            if crashpoints.ENABLED and len(firsts) == 1 and len(buckets) > 1:
+                crashpoints.hit("mid_batch")
+        return ps, firsts
+
+    def _refuse(self, w, config: QueueConfig, count: int) -> None:
+        """Ingress is disabled (S19, seed 001): reject when reject-msg-to-sender applies while
+        the queue is shut down, otherwise discard and count (the seed's default: expect loss)."""
+        if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
+            raise IngressDisabled(f"queue {config.name!r} has ingress disabled; retry after "
+                                  f"`partq queue update {config.name} --ingress on`")
+        raw = w.queue_meta(config.qid, COUNTER_DISCARDED)
+        total = (0 if raw is None else unpack_u64(raw)) + count
+        w.put_queue_meta(config.qid, COUNTER_DISCARDED, pack_u64(total))
+
+    def _unkeyed(self, w, config: QueueConfig):
+        """``choose(size) -> partition`` for this transaction's unkeyed messages: the queue's
+        partitioner (rebuilt when its settings change) fed with sampled backlog (S2, S20-S22).
+        Runs in the group-commit thread only."""
+        entry = self._partitioners.get(config.qid)
+        if entry is None or not _same_partitioner(entry[0], config):
+            entry = (config, make_partitioner(config, self._rng), LoadSampler())
+            self._partitioners[config.qid] = entry
+        _, part, sampler = entry
+        n, qid = config.partitions, config.qid
+        if config.partitioner == "random":
+            return lambda size: part.partition(n, size, None, 0.0)
+        now = self.clock.now()
+        load = sampler.load(w, qid, n, now) if config.adaptive else None
+
+        def choose(size: int) -> int:
+            p = part.partition(n, size, load, now)
+            if load is not None:
+                sampler.note_appended(p, 1)
+            return p
+        return choose
+
+
+def discarded_count(reader, qid: int) -> int:
+    """Publishes the queue discarded while its ingress was off (S19)."""
+    raw = reader.queue_meta(qid, COUNTER_DISCARDED)
+    return 0 if raw is None else unpack_u64(raw)
+
+
+def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
+    return (a.partitioner, a.sticky_batch_size, a.adaptive, a.partition_availability_timeout) == \
+        (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
+
+
+def encode_one(config: QueueConfig, payload, key, headers, now: int) -> tuple[int | None, bytes]:
+    """One message as ``encode`` makes it (for staging)."""
+    return encode(config, ((payload, key, headers),), now)[0]
+
+
+def encode(config: QueueConfig, items: Iterable, now: int) -> Encoded:
+    """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
+    ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
+    the caller's thread; the write transaction only takes them modulo the partition count it
+    sees (S1). The record layout is ``storage.encoding``'s; this loop is the hot path of
+    publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
+    max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
+    pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
+    if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
+        raise InvalidMessage(f"publish_many takes an iterable of messages, not "
+                             f"{type(items).__name__}")
+    out: Encoded = []
+    append = out.append
+    for item in items:
+        key = headers = None
+        if type(item) is tuple:
+            n = len(item)
+            if not 1 <= n <= 3:
+                raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
+                                     f"(payload, key, headers), not a {n}-tuple")
+            payload = item[0]
+            if n > 1:
+                key = item[1]
+                if n > 2:
+                    headers = item[2]
+        else:
+            payload = item
+        if type(payload) is not bytes:
+            if not isinstance(payload, (bytearray, memoryview)):
+                raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
+            payload = bytes(payload)
+        if len(payload) > max_size:
+            raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
+                                 f"{max_size} of queue {name!r}")
+        key_hash = None
+        if key is not None:
+            if type(key) is not str:
+                raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
+            try:
+                raw_key = key.encode()
+            except UnicodeEncodeError:
+                raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
+            if len(raw_key) > max_key:
+                raise InvalidMessage(f"key longer than max_key_size={max_key} bytes")
+            key_hash = crc(raw_key)
+        if headers is not None:
+            if type(headers) is not dict:
+                raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
+            try:
+                check_headers(headers)
+                body = pack((now, key, headers, payload))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+        else:
+            body = pack((now, key, None, payload))
+        append((key_hash, crc_pack(crc(body)) + body))
+    return out

@@ -1,0 +1,338 @@
+"""``partq.connect``: publish and consume through ``partq serve`` from any host (S31).
+
+    client = partq.connect("10.0.0.5:7020", token=open("token").read(), ssl=ssl_context)
+    client.publish("orders", b"payload", key="customer-42")     # durable when it returns
+    flow = client.bind("orders", name="svc-a")                 # a Flow, as Broker.bind gives
+    for msg in flow.receive(max_messages=100, timeout=1.0):
+        flow.ack(msg)
+
+A client keeps one connection. Messages are pushed to it within the flow's credit
+(``max_delivered_unacked_per_flow``), so receiving costs no round trip; acks travel in batches
+(``ack_many``) and return once durable. When the connection drops the client reconnects with
+backoff and binds its flows again, presenting each one's partition set as its hint (S15): back
+within the rebalance delay, a flow gets its partitions back. Requests made meanwhile wait for
+the connection (up to the client's timeout); a publish whose answer was lost with the
+connection raises ``ServerUnavailable``: it may or may not be stored (an unknown outcome, as
+with Kafka).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import ssl as ssl_module
+import threading
+import time
+from collections.abc import Iterable
+
+from partq import errors
+from partq.errors import PartqError, ServerUnavailable
+from partq.flow import Flow
+from partq.message import PublishResult
+from partq.remote.endpoint import RemoteEndpoint, RemotePending, remote_error
+from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.wire.frames import HEADER, FrameError, Outbox, encode_frame, parse_address, read_frame
+from partq.wire.handshake import client_handshake, read_token
+
+log = logging.getLogger("partq.client")
+
+MAX_FRAME = 64 << 20
+BACKOFF = (0.05, 2.0)
+
+
+def connect(address: str, token: str | bytes | None = None, ssl: ssl_module.SSLContext | None = None,
+            *, token_file: str | None = None, timeout: float = 10.0) -> Client:
+    """Connect to ``partq serve`` at ``HOST:PORT``. ``token`` (or ``token_file``) proves this
+    client to the server by challenge-response (the token is never sent); ``ssl``: a client
+    ``SSLContext`` to speak TLS (the server must have ``--tls-cert``). Raises
+    ``ServerUnavailable``, ``AuthenticationFailed`` or ``ProtocolMismatch`` with what to do."""
+    return Client(address, read_token(token, token_file), ssl, timeout)
+
+
+class _Each:
+    """The answer to a coalesced ``publish_each``: one result (or error) per publish."""
+
+    __slots__ = ("pendings",)
+
+    def __init__(self, pendings: list[RemotePending]) -> None:
+        self.pendings = pendings
+
+    def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
+        if error is None and frame is not None and frame.get("op") == "error":
+            error = remote_error(frame)
+        if error is not None or frame is None:
+            for p in self.pendings:
+                p.resolve(None, error or ServerUnavailable("no answer from the server"))
+            return
+        for p, result in zip(self.pendings, frame["results"], strict=True):
+            if isinstance(result, dict):
+                p.resolve(None, remote_error(result))
+            else:
+                part, seq, discarded = result
+                p.resolve({"op": "published", "result": PublishResult(part, seq, bool(discarded))})
+
+
+def _results(frame: dict) -> list[PublishResult]:
+    return [PublishResult(p, s, bool(d)) for p, s, d in frame["results"]]
+
+
+def _item(item) -> list:
+    """A batch item (payload, (payload, key) or (payload, key, headers)) as sent."""
+    if isinstance(item, tuple):
+        return list(item) + [None] * (3 - len(item))
+    return [item, None, None]
+
+
+class Client:
+    def __init__(self, address: str, token: bytes | None,
+                 ssl_context: ssl_module.SSLContext | None, timeout: float) -> None:
+        self.address = address
+        self._addr = parse_address(address)
+        self._token, self._ssl, self.timeout = token, ssl_context, timeout
+        self._lock = threading.Lock()
+        self._connected = threading.Condition(self._lock)
+        self._requests: dict[int, RemotePending | _Each] = {}
+        self._singles: list[tuple[str, list, RemotePending]] = []    # publish_async, unsent
+        self._next_req = 0
+        self._flows: dict[str, RemoteEndpoint] = {}
+        self._closed = False
+        self._beat = 10.0
+        self.max_frame = MAX_FRAME
+        self._outbox: Outbox | None = None
+        self._sock: socket.socket | None = None
+        self._sock = self._open()
+        self._start(self._sock)
+
+    # ------------------------------------------------------------------ connection
+    def _open(self) -> socket.socket:
+        try:
+            sock = socket.create_connection(self._addr, timeout=self.timeout)
+        except OSError as exc:
+            raise ServerUnavailable(f"cannot reach partq serve at {self.address}: "
+                                    f"{exc.strerror or exc}; check the address and that the "
+                                    f"server runs") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._addr[0])
+            hello = client_handshake(sock, "serve", self._token, self.timeout, pid=os.getpid(),
+                                     host=socket.gethostname())
+        except (OSError, FrameError, ssl_module.SSLError) as exc:
+            sock.close()
+            raise ServerUnavailable(f"partq serve at {self.address} dropped the connection "
+                                    f"during the handshake ({exc}); check TLS and the token") \
+                from None
+        except PartqError:
+            sock.close()
+            raise
+        self.max_frame = int(hello.get("max_frame", MAX_FRAME))
+        return sock
+
+    def _start(self, sock: socket.socket) -> None:
+        self._outbox = Outbox(sock, "partq-client-send", gather=self._gather)
+        threading.Thread(target=self._read_loop, args=(sock,), name="partq-client-read",
+                         daemon=True).start()
+        threading.Thread(target=self._beat_loop, args=(sock, self._outbox),
+                         name="partq-client-beat", daemon=True).start()
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        stream = sock.makefile("rb", buffering=1 << 16)
+        try:
+            while True:
+                frame = read_frame(stream, MAX_FRAME)
+                if isinstance(frame, dict):
+                    self._dispatch(frame)
+        except (FrameError, OSError, ssl_module.SSLError):
+            pass
+        self._lost(sock)
+
+    def _dispatch(self, frame: dict) -> None:
+        req = frame.get("req")
+        if req is not None:
+            with self._lock:
+                pending = self._requests.pop(req, None)
+            if pending is not None:
+                pending.resolve(frame)
+            return
+        with self._lock:
+            endpoint = self._flows.get(str(frame.get("flow")))
+        if endpoint is not None:
+            endpoint.pushed(frame)
+
+    def _beat_loop(self, sock: socket.socket, outbox: Outbox) -> None:
+        while self._sock is sock and not self._closed:
+            time.sleep(min(self._beat / 4, 1.0))
+            try:
+                outbox.put({"op": "beat"})
+            except OSError:
+                return
+
+    def _lost(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._sock is not sock:
+                return
+            self._sock = None
+            pending, self._requests = list(self._requests.values()), {}
+            flows = list(self._flows.values())
+        for p in pending:
+            p.resolve(None, ServerUnavailable(f"lost the connection to {self.address} before the "
+                                              f"answer: the request may or may not have taken "
+                                              f"effect"))
+        if self._closed:
+            return
+        for endpoint in flows:
+            endpoint.disconnected()
+        log.warning("lost the connection to %s; reconnecting", self.address)
+        threading.Thread(target=self._reconnect, name="partq-client-reconnect",
+                         daemon=True).start()
+
+    def _reconnect(self) -> None:
+        delay = BACKOFF[0]
+        while not self._closed:
+            try:
+                sock = self._open()
+            except PartqError as exc:
+                log.info("reconnecting to %s: %s", self.address, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, BACKOFF[1])
+                continue
+            with self._lock:
+                flows = list(self._flows.values())
+                self._flows = {}
+                self._start(sock)           # its outbox exists before requests can use it
+                self._sock = sock
+                self._connected.notify_all()
+            for endpoint in flows:
+                try:
+                    endpoint.rebind()
+                except PartqError as exc:
+                    endpoint.lost(f"could not bind again after a reconnect: {exc}")
+            log.info("reconnected to %s; %d flow(s) bound again", self.address, len(flows))
+            return
+
+    def request(self, frame: dict, convert=lambda frame: frame) -> RemotePending:
+        """Send a request; the returned handle's ``result()`` gives the converted answer."""
+        pending = RemotePending(convert)
+        with self._lock:
+            self._wait_connected()
+            self._next_req += 1
+            req = self._next_req
+            data = encode_frame({**frame, "req": req})
+            if len(data) - HEADER.size > self.max_frame:
+                raise errors.InvalidMessage(
+                    f"the request is {len(data)} bytes and partq serve at {self.address} takes "
+                    f"frames of at most {self.max_frame}: split the batch (or raise the "
+                    f"server's --max-frame)")
+            self._requests[req] = pending
+            outbox = self._outbox
+        try:
+            if outbox is not None:
+                outbox.put(data)
+        except OSError:
+            pass      # the reading thread resolves it with the loss
+        return pending
+
+    def call(self, frame: dict, convert=lambda frame: frame):
+        return self.request(frame, convert).result(self.timeout + 60)
+
+    # ------------------------------------------------------------------ the API
+    def publish(self, queue: str, payload: bytes, key: str | None = None,
+                headers: dict | None = None) -> PublishResult:
+        """Publish one message; return once it is durable on the server (S23)."""
+        return self.publish_async(queue, payload, key, headers).result()
+
+    def publish_async(self, queue: str, payload: bytes, key: str | None = None,
+                      headers: dict | None = None) -> RemotePending:
+        """Publish without waiting: ``result()`` gives the ``PublishResult`` once durable.
+        Many may be in flight on one connection: the ones made while a write is under way go
+        together in the next frame, and into one of the server's commits (each message still
+        succeeds or fails alone)."""
+        pending = RemotePending(lambda frame: frame["result"])
+        with self._lock:
+            self._wait_connected()
+            self._singles.append((queue, [payload, key, headers], pending))
+            outbox = self._outbox
+        if outbox is not None:
+            outbox.poke()
+        return pending
+
+    def _gather(self) -> list[bytes]:
+        """The writer thread's hook: the single publishes made since its last write, one
+        ``publish_each`` frame per queue (split to stay far below the frame limit)."""
+        with self._lock:
+            singles, self._singles = self._singles, []
+            frames: list[bytes] = []
+            groups: dict[str, list] = {}
+            for queue, item, pending in singles:
+                groups.setdefault(queue, []).append((item, pending))
+            for queue, group in groups.items():
+                start = 0
+                while start < len(group):
+                    size, end = 0, start
+                    while end < len(group) and (end == start or size < self.max_frame // 4):
+                        size += len(group[end][0][0]) + 64
+                        end += 1
+                    self._next_req += 1
+                    req = self._next_req
+                    part = group[start:end]
+                    self._requests[req] = _Each([p for _, p in part])
+                    frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
+                                                "items": [item for item, _ in part]}))
+                    start = end
+            return frames
+
+    def _wait_connected(self) -> None:
+        """Under the lock: wait for a connection (up to the client's timeout)."""
+        deadline = time.monotonic() + self.timeout
+        while self._sock is None:
+            if self._closed:
+                raise errors.BrokerClosed("the client is closed; connect again")
+            if not self._connected.wait(max(deadline - time.monotonic(), 0)):
+                raise ServerUnavailable(f"no connection to {self.address} for "
+                                        f"{self.timeout:g} s")
+
+    def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
+        """Publish a batch in one transaction on the server (all or nothing)."""
+        return self.request({"op": "publish", "queue": queue,
+                             "items": [_item(i) for i in items]}, _results).result()
+
+    def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
+             skip_corrupt: bool = False) -> Flow:
+        """Bind a flow (S15, S17 as ``Broker.bind``); it has every method of ``Flow``."""
+        endpoint = RemoteEndpoint(self, queue, name, skip_corrupt)
+        endpoint.bind(None if hint is None else sorted(hint))
+        return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
+
+    def attach(self, flow_id: str, endpoint: RemoteEndpoint, consumer_timeout: float) -> None:
+        """Route ``flow_id``'s pushes to ``endpoint``; beat often enough for its queue."""
+        with self._lock:
+            self._flows[flow_id] = endpoint
+            self._beat = min(self._beat, consumer_timeout)
+
+    def detach(self, flow_id: str) -> None:
+        with self._lock:
+            self._flows.pop(flow_id, None)
+
+    def queue_status(self, queue: str) -> QueueStatus:
+        doc = self.call({"op": "status", "queue": queue})["status"]
+        return QueueStatus(**{**doc, "partitions": [PartitionStatus(**p) for p in doc["partitions"]],
+                              "flows": [FlowStatus(**f) for f in doc["flows"]]})
+
+    def close(self) -> None:
+        """Unbind every flow (a closed connection is an unbind) and close the connection."""
+        with self._lock:
+            self._closed = True
+            sock, self._sock = self._sock, None
+            self._connected.notify_all()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

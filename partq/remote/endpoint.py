@@ -1,0 +1,225 @@
+"""A flow served by ``partq serve`` over a client's connection: the ``FlowEndpoint`` a remote
+``Flow`` calls (``RemoteEndpoint``), the answer to a request (``RemotePending``), and the typed
+error a server's error frame stands for (``remote_error``)."""
+from __future__ import annotations
+
+import threading
+import time
+from _thread import allocate_lock
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from partq import errors
+from partq.errors import FlowClosed, FlowFenced, PartqError, ServerUnavailable
+from partq.message import FlowChangeUpdate, Message
+
+if TYPE_CHECKING:
+    from partq.remote.client import Client
+
+
+class RemotePending:
+    """The answer to a request, once it comes (``Pending``'s interface). A bare lock, not an
+    Event: a pipelining publisher makes one per message, and an Event (a Condition and two
+    locks) was an eighth of its CPU."""
+
+    __slots__ = ("_done", "_value", "_error", "_convert")
+
+    def __init__(self, convert=lambda frame: frame) -> None:
+        self._done = allocate_lock()
+        self._done.acquire()
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._convert = convert
+
+    def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
+        if not self._done.locked():
+            return                      # answered already: the first answer stands
+        if error is None and frame is not None and frame.get("op") == "error":
+            error = remote_error(frame)
+        if error is None:
+            try:
+                self._value = self._convert(frame)
+            except Exception as exc:  # a malformed answer reaches its caller
+                error = errors.ProtocolMismatch(f"malformed answer from the server: {exc!r}")
+        self._error = error
+        try:
+            self._done.release()
+        except RuntimeError:            # a second answer raced this one and won
+            pass
+
+    def done(self) -> bool:
+        return not self._done.locked()
+
+    def result(self, timeout: float | None = None):
+        if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise ServerUnavailable(f"no answer from the server within {timeout:g} s")
+        self._done.release()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def remote_error(frame: dict) -> PartqError:
+    cls = getattr(errors, str(frame.get("error")), PartqError)
+    if not (isinstance(cls, type) and issubclass(cls, PartqError)):
+        cls = PartqError
+    message = str(frame.get("message", "the server refused"))
+    if cls is FlowFenced:
+        return FlowFenced(message, [Message("", p, s, None, b"", None, 0, False)
+                                    for p, s in frame.get("messages", [])])
+    return cls(message)
+
+
+
+class RemoteEndpoint:
+    """A flow served over a connection: the ``FlowEndpoint`` its ``Flow`` calls. Messages the
+    server pushed wait in ``buffer`` until received."""
+
+    def __init__(self, client: Client, queue: str, name: str | None, skip_corrupt: bool) -> None:
+        self.client, self.queue, self.name, self.skip_corrupt = client, queue, name, skip_corrupt
+        self.flow_id = ""
+        self._cond = threading.Condition()
+        self._buffer: deque[tuple[int, Message]] = deque()    # (deliver frame n, message)
+        self._unacked: set[tuple[int, int]] = set()
+        self._through: dict[int, int] = {}        # partition -> acked up to (ack_through)
+        self._partitions: frozenset[int] = frozenset()
+        self._events: deque[FlowChangeUpdate] = deque()
+        self._callback = None
+        self._error: PartqError | None = None
+        self._reason: str | None = None
+
+    def bind(self, hint: list[int] | None) -> None:
+        reply = self.client.call({"op": "bind", "queue": self.queue, "name": self.name,
+                                  "hint": hint, "skip_corrupt": self.skip_corrupt})
+        with self._cond:
+            self.flow_id = str(reply["flow"])
+            self._partitions = frozenset(reply["partitions"])
+        self.client.attach(self.flow_id, self, float(reply.get("consumer_timeout", 10.0)))
+
+    def rebind(self) -> None:
+        """After a reconnect: bind again under the name, presenting the partition set."""
+        self.bind(sorted(self._partitions) or None)
+
+    def disconnected(self) -> None:
+        """What was pushed and not received comes again (marked) after the rebind."""
+        with self._cond:
+            self._buffer.clear()
+
+    def lost(self, reason: str) -> None:
+        with self._cond:
+            self._reason = reason
+            self._cond.notify_all()
+
+    def pushed(self, frame: dict) -> None:
+        op = frame.get("op")
+        with self._cond:
+            if op == "deliver":
+                n = frame["n"]
+                for p, s, key, payload, headers, ts, redelivered in frame["messages"]:
+                    if s <= self._through.get(p, -1):
+                        continue        # acked by ack_through while it was on its way
+                    self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
+                                                    redelivered)))
+            elif op == "state":
+                self._held(frozenset(frame["partitions"]))
+            elif op == "event":
+                update = FlowChangeUpdate(bool(frame["active"]), frozenset(frame["partitions"]))
+                self._held(update.partitions)
+                self._events.append(update)
+                if self._callback is not None:
+                    self._callback(update)
+            elif op == "closed":
+                self._reason = str(frame.get("reason", "unbound by the server"))
+                self.client.detach(self.flow_id)
+            elif op == "error":
+                self._error = remote_error(frame)
+            self._cond.notify_all()
+
+    def _held(self, partitions: frozenset[int]) -> None:
+        """The flow's partitions changed (under the lock): what was pushed from one it no longer
+        holds is not handed out; the partition's new flow gets it (redelivered)."""
+        self._partitions = partitions
+        if any(m.partition not in partitions for _, m in self._buffer):
+            self._buffer = deque((n, m) for n, m in self._buffer if m.partition in partitions)
+
+    # the FlowEndpoint interface ------------------------------------------------
+    def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._reason is not None and not self._buffer:
+                    raise FlowClosed(f"flow {self.name or self.flow_id} of queue {self.queue!r} "
+                                     f"is unbound: {self._reason}; bind again")
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                if self._buffer:
+                    out: list[Message] = []
+                    while self._buffer and len(out) < max_messages:
+                        out.append(self._buffer.popleft()[1])
+                    self._unacked.update((m.partition, m.seq) for m in out)
+                    return out
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+
+    def ack_async(self, msgs: Iterable[Message]) -> RemotePending:
+        ids = [[m.partition, m.seq] for m in msgs]
+        with self._cond:
+            self._unacked.difference_update(map(tuple, ids))
+        return self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
+                                   lambda frame: None)
+
+    def ack_through(self, partition: int, seq: int) -> RemotePending:
+        with self._cond:       # acked: what was pushed (or is on its way) and not received goes
+            self._through[partition] = max(self._through.get(partition, -1), seq)
+            self._unacked = {(p, s) for p, s in self._unacked if not (p == partition and s <= seq)}
+            self._buffer = deque((n, m) for n, m in self._buffer
+                                 if not (m.partition == partition and m.seq <= seq))
+        return self.client.request({"op": "ack_through", "flow": self.flow_id,
+                                    "partition": partition, "seq": seq}, lambda frame: None)
+
+    def nack(self, msg: Message) -> None:
+        reply = self.client.call({"op": "nack", "flow": self.flow_id,
+                                  "id": [msg.partition, msg.seq]})
+        upto = reply.get("upto", 0)
+        with self._cond:       # the copies the nack gives back come again, marked
+            self._buffer = deque((n, m) for n, m in self._buffer
+                                 if not (n <= upto and m.partition == msg.partition
+                                         and m.seq >= msg.seq))
+            self._unacked = {(p, s) for p, s in self._unacked
+                             if not (p == msg.partition and s >= msg.seq)}
+
+    def unbind(self) -> None:
+        with self._cond:
+            if self._reason is not None:
+                return
+            self._reason = "unbound by the application"
+        self.client.detach(self.flow_id)
+        try:
+            self.client.call({"op": "unbind", "flow": self.flow_id})
+        except ServerUnavailable:
+            pass           # the connection is gone: the server unbound it already
+
+    def partitions(self) -> frozenset[int]:
+        return self._partitions
+
+    def events(self) -> list[FlowChangeUpdate]:
+        with self._cond:
+            out = list(self._events)
+            self._events.clear()
+            return out
+
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def closed(self) -> bool:
+        return self._reason is not None
+
+    def closed_reason(self) -> str | None:
+        return self._reason
+
+    def on_change(self, callback) -> None:
+        self._callback = callback

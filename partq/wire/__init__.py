@@ -1,0 +1,2 @@
+"""What every partq TCP and Unix socket speaks: frames (``frames``), the authenticated handshake
+(``handshake``) and the TCP listener with the limits every partq listener keeps (``listener``)."""

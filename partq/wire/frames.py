@@ -1,0 +1,141 @@
+"""Frames, what every partq socket speaks: ``u32 length | u32 crc32c(body) | msgpack body``.
+
+A bad checksum, an oversized length or a truncated frame raises ``FrameError``; the connection
+that carried it ends (the peer reconnects and resumes). Nothing reads a frame it could not
+verify, and a frame longer than the reader's limit is refused before its body is read.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import crc32c
+import msgpack
+
+from partq.errors import PartqError
+
+HEADER = struct.Struct(">II")
+MAX_FRAME = 256 << 20
+CHUNK = 1 << 20
+
+
+class FrameError(Exception):
+    """A frame failed its checks; the connection that carried it ends."""
+
+
+def encode_frame(obj) -> bytes:
+    """The frame of ``obj``, header included."""
+    body = msgpack.packb(obj, use_bin_type=True)
+    return HEADER.pack(len(body), crc32c.crc32c(body)) + body
+
+
+def send_frame(sock: socket.socket, obj) -> None:
+    sock.sendall(encode_frame(obj))
+
+
+def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME):
+    return _read(lambda n: recv_exact(sock, n), max_frame)
+
+
+def read_frame(stream, max_frame: int = MAX_FRAME):
+    """``recv_frame`` from a buffered binary stream (``socket.makefile("rb")``): one system call
+    reads many small frames."""
+    def read(n: int) -> bytes:
+        data = stream.read(n)
+        if len(data) < n:
+            raise FrameError(f"connection closed mid-frame ({len(data)} of {n} bytes)")
+        return data
+    return _read(read, max_frame)
+
+
+def _read(read, max_frame: int):
+    """One frame through ``read(n)`` (exactly n bytes, or ``FrameError``): its length checked
+    before the body is read, then its checksum, then its msgpack."""
+    length, crc = HEADER.unpack(read(HEADER.size))
+    if length > max_frame:
+        raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
+    body = read(length)
+    if crc32c.crc32c(body) != crc:
+        raise FrameError("frame crc32c mismatch")
+    try:
+        return msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
+
+
+class Outbox:
+    """Frames queued by any thread, written by one thread in as few system calls as possible:
+    what piles up while a write is under way goes out in the next one (requests of a pipelining
+    client, deliveries and answers of a server). ``close()`` ends the writer once what is queued
+    is written; a failed write closes it too (``on_error`` is told)."""
+
+    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None) -> None:
+        self._sock = sock
+        self._cond = threading.Condition()
+        self._frames: list[bytes] = []
+        self._poked = False
+        self._closed = False
+        self._on_error = on_error
+        self._gather = gather          # () -> more frames, called before each write
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, frame: dict | bytes) -> None:
+        data = frame if isinstance(frame, bytes) else encode_frame(frame)
+        with self._cond:
+            if self._closed:
+                raise OSError("the connection is closed")
+            self._frames.append(data)
+            self._cond.notify()
+
+    def poke(self) -> None:
+        """Wake the writer: ``gather`` has something."""
+        with self._cond:
+            self._poked = True
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._frames and not self._poked and not self._closed:
+                    self._cond.wait()
+                frames, self._frames, self._poked = self._frames, [], False
+                closing = self._closed
+            if self._gather is not None:
+                frames += self._gather()
+            try:
+                if frames:
+                    self._sock.sendall(b"".join(frames))
+            except OSError as exc:
+                with self._cond:
+                    self._closed = True
+                if self._on_error is not None:
+                    self._on_error(exc)
+                return
+            if closing and not frames:
+                return
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, CHUNK))
+        if not chunk:
+            raise FrameError(f"connection closed mid-frame ({got} of {n} bytes)")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an empty host means 127.0.0.1) as a (host, port) pair."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise PartqError(f"address {address!r} must be HOST:PORT, e.g. 127.0.0.1:7010")
+    return host or "127.0.0.1", int(port)
