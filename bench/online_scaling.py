@@ -1,5 +1,6 @@
-"""Online scaling under load (S37): throughput while a queue scales 4 -> 8 partitions online,
-against the same load with no scaling and against the seed's offline procedure.
+"""Online scaling under load (rule `online-scaling`): throughput while a queue scales 4 -> 8 partitions
+online, against the same load with no scaling and against the offline scaling procedure (rule
+`ingress-egress`).
 
 One publisher thread (keyed ``publish_many`` of 100, 64 keys) and one consumer thread
 (``receive(100)`` + ``ack_many``) run for a fixed window on a 4-partition queue (sync

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Unkeyed partitioners against a slow consumer: the KIP-794 runaway, reproduced on real queues.
 
-Seed 002 (Kafka KIP-794) reports that a sticky partitioner whose stickiness follows *batch
+Kafka's KIP-794 reports that a sticky partitioner whose stickiness follows *batch
 creation* (KIP-480) sends more records to a slow partition: the producer holds batches for the slow
 partition while its previous one is in flight, so the open batch there fills up (to ``batch.size``)
 while the fast partitions ship small batches at once; batches per partition stay about equal, so
 the slow partition receives several times the records, and falls further behind. Its table
 (partition 0 slow): ~15 records per batch there against ~2.6 elsewhere. KIP-794's fix, which partq
-implements (rules S20-S22): switch partitions after ``sticky_batch_size`` bytes whatever the
-batching does (uniform), and, adaptively, choose the next partition with probability proportional
-to ``1 / (backlog + 1)``.
+implements (rules `sticky`, `adaptive` and `availability-timeout`): switch partitions after
+``sticky_batch_size`` bytes whatever the batching does (uniform), and, adaptively, choose the next partition
+with probability proportional to ``1 / (backlog + 1)``.
 
 The set-up, identical for every strategy
 * A real broker: ``partq.Broker.open`` on a scratch directory (``durability="async"``: nothing
@@ -18,7 +18,7 @@ The set-up, identical for every strategy
   bench advances the clock past the short ``rebalance_delay`` and ticks until it has).
 * The flow that holds partition 0 is slow: it can take 0.6 messages per step, the others 3.0
   (1/5 of their rate). A consumer receives and acks (``ack_many``) through the real flow.
-* Records: 1024-byte payloads (named here instead of the usual 256 bytes: it is the seed's record
+* Records: 1024-byte payloads (named here instead of the usual 256 bytes: it is KIP-794's record
   size, 25953200 B / 25228 records), arriving at a Poisson rate of 2.4 per step (1200/s) from a
   seeded generator, the same arrival sequence for every strategy. 16384-byte batches and sticky
   stints (Kafka's ``batch.size`` default, partq's ``sticky_batch_size`` default): 16 records.
@@ -37,7 +37,7 @@ machine's load or speed (wall-clock rates would, and would mostly measure LMDB c
 
 The four unkeyed strategies
 1. ``random``: partq's default; each unkeyed message to a uniformly random partition.
-2. ``batch_sticky``: the KIP-480 partitioner the seed criticises, written here
+2. ``batch_sticky``: the KIP-480 partitioner KIP-794 criticises, written here
    (``BatchCreationStickyPartitioner``, same ``partition(n, size, load, now)`` interface as
    partq's partitioners, plus Kafka's ``on_new_batch`` hook) in front of a model of Kafka's
    producer (``RecordAccumulator``): per-partition queues of batches, ``linger.ms=0`` (a batch is
@@ -52,8 +52,8 @@ The four unkeyed strategies
    records the application offers while it is full wait outside the producer (Kafka's ``send``
    blocks). KIP-794 predicts what follows: the producer's rate drops to what the slow partition
    lets through, with equal batch counts per partition and full batches only on the slow one --
-   the seed's table.
-   partq places keyed messages by ``crc32c(key) % n`` (S1), so to put a batch in the partition
+   KIP-794's table.
+   partq places keyed messages by ``crc32c(key) % n`` (rule `key-hash`), so to put a batch in the partition
    this partitioner chose, the bench publishes it with a key that hashes there (one key per
    partition, precomputed with ``partq.key_partition``; ``ROUTE_KEYS``). The keys only route:
    they add a few bytes to each stored record and nothing else.
@@ -64,8 +64,8 @@ unkeyed): partq's log is the buffer, a publish never waits for a consumer.
 
 What a "batch" is in the tables: the records one ``publish_many`` call appended to one partition
 (one append per partition per call). For ``batch_sticky`` that is exactly one producer batch.
-Records, bytes and batches per partition count what reached the broker (payload bytes), as the
-seed's table counts what reached Kafka. "Backlog" of a partition: records assigned to it and not
+Records, bytes and batches per partition count what reached the broker (payload bytes), as
+KIP-794's table counts what reached Kafka. "Backlog" of a partition: records assigned to it and not
 yet consumed -- published and unacked, plus, for ``batch_sticky``, records its producer holds for
 it; records still waiting outside ``batch_sticky``'s full buffer belong to no partition yet and
 are reported apart (``batch_sticky_producer_blocked_*``). The bench checks at the end that its
@@ -73,7 +73,7 @@ own books agree with the broker's ``queue_status`` depths.
 
 Output: one JSON object per line (``name``, ``unit``, ``value``; comparisons add ``peer``,
 ``peer_value``, ``ratio = value / peer_value``), also written to ``<out>/partitioner.jsonl``; the
-seed-style tables for ``batch_sticky`` and ``uniform_sticky`` on stderr; a chart in
+KIP-794-style tables for ``batch_sticky`` and ``uniform_sticky`` on stderr; a chart in
 ``<out>/partitioner.png`` (needs matplotlib, the ``bench`` extra).
 
 Usage: ``python bench/partitioner.py [--quick] [--steps N] [--seed S] [--out DIR] [--no-chart]``.
@@ -119,7 +119,7 @@ QUEUE_OPTIONS = {
 
 
 def _route_keys(n: int) -> list[str]:
-    """One key per partition whose crc32c lands there (S1): explicit routing for batch_sticky."""
+    """One key per partition whose crc32c lands there (rule `key-hash`): explicit routing for batch_sticky."""
     keys: dict[int, str] = {}
     i = 0
     while len(keys) < n:
@@ -441,7 +441,7 @@ def chart(runs: dict[str, Run], path: Path) -> bool:
                     f"{PAYLOAD_SIZE} B each)", fontsize=10)
     right.grid(True, axis="y", alpha=0.3)
     right.legend(fontsize=8, loc="upper right")
-    fig.suptitle("partq unkeyed partitioners with one slow consumer (seed 002 / KIP-794)")
+    fig.suptitle("partq unkeyed partitioners with one slow consumer (Kafka KIP-794)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,7 +10,7 @@ Lines (JSON, one per result; ``ratio`` is the median of interleaved pairs, with 
   beside ``redis_xreadgroup_xack_100_{n}_clients`` (XREADGROUP COUNT 100 + XACK), the same
   number of client processes, each with its own consumer name.
 * ``local_consume_ack_2_processes``: two processes binding one directory (the second served by
-  the first, S29), beside ``local_consume_ack_1_process``. Target: 1.6x.
+  the first, rule `peer-flows`), beside ``local_consume_ack_1_process``. Target: 1.6x.
 * ``owner_failover``: SIGKILL of the process that owns delivery to the first message received
   by the surviving consumer process (median of the pairs).
 

@@ -1,4 +1,4 @@
-"""Replication benchmark (S27): publish throughput with no standby, an async standby and a sync
+"""Replication benchmark (rule `replication`): publish throughput with no standby, an async standby and a sync
 standby, side by side in one run, and the standby's lag under load.
 
     python bench/replication.py [--quick] [--seconds S] [--pairs N]

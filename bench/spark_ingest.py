@@ -1,8 +1,8 @@
 """Spark ingestion throughput: ``df.write.format("partq")`` beside ``Broker.publish_many``.
 
 Writes N keyed rows of 256-byte payloads (default 1,000,000) with Spark in local[2] mode through
-the "partq" data source (stage per task attempt, one commit per job, S28), and the same rows from
-one Python process with ``publish_many`` in batches of 1000, each into a fresh partq directory.
+the "partq" data source (stage per task attempt, one commit per job, rule `spark-exactly-once`), and the same
+rows from one Python process with ``publish_many`` in batches of 1000, each into a fresh partq directory.
 Prints one JSON object per line::
 
     {"name": "spark_ingest_keyed_256B", "unit": "rows/s", "value": ..., "peer":

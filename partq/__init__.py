@@ -22,8 +22,8 @@ from partq.errors import __all__ as _error_names
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Broker": "partq.broker", "Flow": "partq.flow", "InvalidAck": "partq.delivery",
-    "ManualClock": "partq.clock", "SystemClock": "partq.clock", "QueueConfig": "partq.config",
+    "Broker": "partq.broker", "Flow": "partq.flow", "ManualClock": "partq.clock",
+    "SystemClock": "partq.clock", "QueueConfig": "partq.config",
     "key_partition": "partq.core.key_hash", "FlowChangeUpdate": "partq.message",
     "Message": "partq.message", "PublishResult": "partq.message", "Pending": "partq.pending",
     "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from partq.clock import SystemClock as SystemClock
     from partq.config import QueueConfig as QueueConfig
     from partq.core.key_hash import key_partition as key_partition
-    from partq.delivery import InvalidAck as InvalidAck
     from partq.flow import Flow as Flow
     from partq.message import FlowChangeUpdate as FlowChangeUpdate
     from partq.message import Message as Message

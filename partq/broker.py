@@ -27,7 +27,7 @@ from partq.delivery.holds import clear_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.open_report import log_open_report
 from partq.delivery.saved_state import decode_state
-from partq.errors import InvalidConfig, QueueExists, QueueNotFound, StandbyReadOnly
+from partq.errors import InvalidConfig, OpenedReadOnly, QueueExists, QueueNotFound, StandbyReadOnly
 from partq.flow import Flow
 from partq.message import PublishResult
 from partq.pending import Pending
@@ -55,7 +55,7 @@ def _create_logs(w, config: QueueConfig) -> None:
 
 
 def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
-    """The storage side of a change of access type (seed 001): to non-partitioned the
+    """The storage side of a change of access type (rule `ingress-egress`): to non-partitioned the
     partitions go with their messages; to partitioned the parent log stays as it is."""
     if old.partitioned:
         for p in reversed(range(old.partitions)):
@@ -82,7 +82,12 @@ class Broker:
 
     _metrics: MetricsServer | None = None     # the endpoint of ``metrics_listen``
 
-    def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool) -> None:
+    def __init__(self, store: Store, clock, rng: random.Random, auto_tick: bool, *,
+                 read_only: str | None = None) -> None:
+        """A broker over ``store``; ``Broker.open`` is the usual way. ``read_only``: why this
+        broker refuses publishes, binds and changes (``partq.ops.read_only``), None: it
+        writes."""
+        self.read_only = read_only
         self._store = store
         self._role = ReplicationRole(store)
         self._closed = False
@@ -108,22 +113,22 @@ class Broker:
         ``map_size``/``max_map_size``: initial and largest LMDB map; the map doubles on demand
         up to the largest, past which writes fail with ``StorageFull``.
 
-        Replication (S27): ``replication_listen="HOST:PORT"`` serves DR-standbys in
+        Replication (rule `replication`): ``replication_listen="HOST:PORT"`` serves DR-standbys in
         ``replication_mode`` "async" (default) or "sync" (publish returns once a standby has the
         commit durably, or raises ``ReplicationTimeout`` after ``sync_timeout`` s).
         ``standby_of="HOST:PORT"`` opens this directory as a DR-standby that follows that primary;
         a standby refuses publishes and binds until ``promote()``. A directory that was a standby
         stays one (read-only) when reopened without ``standby_of``, until promoted.
 
-        Both sides (S34, docs/security.md): ``replication_token`` (or ``replication_token_file``,
-        its first line) is the shared secret each side proves to the other, never sent; without
-        one the primary admits loopback standbys only (protected mode). ``replication_ssl``: an
+        Both sides (rule `listener-security`, docs/security.md): ``replication_token`` (or
+        ``replication_token_file``, its first line) is the shared secret each side proves to the other, never
+        sent; without one the primary admits loopback standbys only (protected mode). ``replication_ssl``: an
         ``ssl.SSLContext``, a server context on the primary, a client context trusting its CA on
         the standby. ``max_slot_keep``: bytes of change log kept for an absent or slow standby
         before its slot is dropped and it re-snapshots (default 1 GiB, at most a quarter of
         ``max_map_size``).
 
-        Metrics (S39, docs/operations.md): ``metrics_listen="HOST:PORT"`` serves Prometheus
+        Metrics (rule `metrics`, docs/operations.md): ``metrics_listen="HOST:PORT"`` serves Prometheus
         metrics over HTTP on that address (an empty host is 127.0.0.1; port 0 picks a free one,
         see ``metrics_address``) until the broker closes.
         """
@@ -170,6 +175,10 @@ class Broker:
 
     # ------------------------------------------------------------------ replication
     def _check_writable(self) -> None:
+        if self.read_only is not None:
+            raise OpenedReadOnly(f"{self.path} is open read-only ({self.read_only}); publishes, "
+                                 f"binds and changes are refused: run as a user who may write it")
+        self._store.check_writable()
         if self._role.standby:
             raise StandbyReadOnly(f"{self.path} is a DR-standby: it refuses publishes, binds and "
                                   f"queue changes until promoted (`partq dr promote`)")
@@ -278,8 +287,9 @@ class Broker:
     # ------------------------------------------------------------------ publish
     def publish(self, queue: str, payload: bytes, key: str | None = None,
                 headers: dict | None = None) -> PublishResult:
-        """Publish one message; return once it is durable (S23). Concurrent publishers in this
-        process share commits. A keyed message goes to ``crc32c(key) % partitions`` (S1)."""
+        """Publish one message; return once it is durable (rule `durable-publish`). Concurrent
+        publishers in this process share commits. A keyed message goes to
+        ``crc32c(key) % partitions`` (rule `key-hash`)."""
         return self.publish_async(queue, payload, key, headers).result()
 
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
@@ -328,7 +338,7 @@ class Broker:
         within a tick.
 
         ``access_type`` changes the queue between partitioned ("non-exclusive") and
-        non-partitioned ("exclusive"), as seed 001 describes: every bound flow is unbound
+        non-partitioned ("exclusive") as rule `ingress-egress` says: every bound flow is unbound
         (``FlowClosed`` says why). To exclusive, the partitions are removed with their messages
         and publishes go to the parent queue; to non-exclusive, the partitions are created
         afresh and messages still in the parent queue stay there, no longer delivered: copy them
@@ -356,7 +366,7 @@ class Broker:
         """Ack messages of the parent queue's log of a *partitioned* queue: the ones a change
         from exclusive to non-exclusive left there, which nothing delivers any more. Call it once
         copies of them are durable elsewhere (``partq copy-out QUEUE --parent --move`` does);
-        acked messages leave the log (S26). Returns how many were newly acked. Refused while the
+        acked messages leave the log (rule `truncation`). Returns how many were newly acked. Refused while the
         queue is exclusive: its parent log is then delivered, and acks go through a flow."""
         self._check_writable()
         seqs = list(seqs)
@@ -372,11 +382,11 @@ class Broker:
         return self._store.write(op)
 
     def scale(self, name: str, partitions: int, progress=None, online: bool = False) -> QueueConfig:
-        """Change the partition count (S18), one step per commit so statuses are visible; see
+        """Change the partition count (rule `scaling`), one step per commit so statuses are visible; see
         ``partq.scaling.change_count``. ``progress(step: str)`` is called after each step. The
         seven-step procedure around it (ingress, drain, DR waits) is ``partq.scaling.run``.
 
-        ``online=True`` (S37) keeps per-key order with ingress on: a message published after
+        ``online=True`` (rule `online-scaling`) keeps per-key order with ingress on: a message published after
         the switch whose key moved is delivered only once its key's old partition has been
         acked up to the switch; unkeyed messages and keys that did not move flow at once."""
         self._check_writable()
@@ -385,10 +395,10 @@ class Broker:
     # ------------------------------------------------------------------ consume
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
              skip_corrupt: bool = False) -> Flow:
-        """Bind a flow to ``queue`` and return it with its assigned partitions (S15).
+        """Bind a flow to ``queue`` and return it with its assigned partitions (rule `bind-hint`).
 
         ``name``: a stable consumer name; a consumer that binds again under it within the
-        rebalance delay (even after its own restart) gets its partitions back (S17).
+        rebalance delay (even after its own restart) gets its partitions back (rule `named-flows`).
         ``hint``: the partition set a reconnecting consumer held (``flow.partitions``).
         ``skip_corrupt``: deliver past records that fail their checksum (logged) instead of
         stopping delivery of that partition.
@@ -402,7 +412,7 @@ class Broker:
             if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):
                 raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
         endpoint = self.dispatcher.bind(queue, name, hint, skip_corrupt)
-        return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
+        return Flow(endpoint, queue, name, skip_corrupt)
 
     def tick(self) -> None:
         """Run every rebalance and handoff timer that is due by the clock."""
@@ -426,9 +436,9 @@ class Broker:
 
     def rebalance_plan(self, queue: str, consumers: int | None = None,
                        add: Iterable[str] = (), remove: Iterable[str] = ()) -> dict:
-        """What the rebalancer would do now (S38), worked out on a copy of the queue's delivery
-        state; nothing changes. With no argument: for the current consumers (e.g. at the end of
-        a holddown in progress). ``consumers=N``: with N bound flows (added or removed);
+        """What the rebalancer would do now (rule `rebalance-dry-run`), worked out on a copy of the
+        queue's delivery state; nothing changes. With no argument: for the current consumers (e.g. at the end
+        of a holddown in progress). ``consumers=N``: with N bound flows (added or removed);
         ``add``/``remove``: with these flows bound or gone (names or flow ids). Returns the
         plan document of ``partq.core.rebalance_plan.plan_rebalance``."""
         config = self.queue_config(queue)

@@ -38,21 +38,21 @@ class QueueConfig:
     reject_msg_to_sender: bool = True
     reject_msg_to_sender_when_shutdown: bool = False
     # "non-exclusive": a partitioned queue. "exclusive": a non-partitioned queue (its operating
-    # partition count is 0, as the seeds say): messages go to the parent queue's own log and one
+    # partition count is 0, as Solace says): messages go to the parent queue's own log and one
     # flow at a time receives them, the others standing by. ``partitions`` is kept and is the
     # count again once access is non-exclusive.
     access_type: str = AccessType.NON_EXCLUSIVE
-    # S32: a flow of another process (or host) that sends nothing, heartbeats included, for
+    # Rule `liveness`: a flow of another process (or host) that sends nothing, heartbeats included, for
     # this long is unbound. 10 s: Solace's keepalive notices a dead client in about 9 s (3 x 3 s);
     # Kafka's 45 s session timeout leaves partitions idle four times longer. Heartbeats go every
     # quarter of it, so a busy host must stall for the whole timeout to lose its flows.
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
     # Maintained by the broker, not set by users:
     qid: int = 0
-    scaling_status: str = ScalingState.READY     # S18
+    scaling_status: str = ScalingState.READY     # rule `scaling`
     scaling_from: int = 0             # partition count before the scaling in progress
     scaling_to: int = 0               # partition count the scaling in progress ends at
-    scaling_online: bool = False      # the scaling in progress keeps per-key order (S37)
+    scaling_online: bool = False      # the scaling in progress keeps per-key order (rule `online-scaling`)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -90,7 +90,7 @@ class QueueConfig:
 
     @property
     def operating_partitions(self) -> int:
-        """The seeds' operating partition count: 0 while the queue is exclusive."""
+        """Solace's operating partition count: 0 while the queue is exclusive."""
         return self.partitions if self.partitioned else 0
 
     def to_dict(self) -> dict:

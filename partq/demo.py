@@ -1,4 +1,5 @@
-"""`make demo`: the seeds' story on an embedded directory, in real time, in a few seconds.
+"""`make demo`: the story Solace's partitioned-queue documents tell, on an embedded directory, in real
+time, in a few seconds.
 
 7 partitions, keyed messages, three consumers balanced 3/2/2, a fourth joins: after the
 rebalance delay one partition is handed off gracefully (paused while its old consumer acks what
@@ -47,7 +48,7 @@ def run(data: str, fresh: bool = True) -> None:
         _show(broker, flows, "after the rebalance delay (1 s): balanced")
 
         # consumer-1 holds messages of the partition that will move (its highest) unacked,
-        # like B1/B2 in the handoff seed, and acks the rest.
+        # like B1/B2 in Solace's handoff example, and acks the rest.
         c1 = flows["consumer-1"]
         moving = max(c1.partitions)
         got = c1.receive(max_messages=100, timeout=1.0)

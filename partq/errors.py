@@ -3,13 +3,18 @@ re-exported here under the same names) and the broker's, below. Each message say
 
 The CLI turns any ``PartqError`` into one line and exit status 1; library users catch the
 specific classes. Nothing in the package raises bare lmdb or msgpack exceptions: the storage
-layer translates them in one place.
+layer translates lmdb's through one table (``partq.storage.lmdb_errors``).
+
+Every error crosses a socket as ``to_frame()`` (its class name, message and constructor fields);
+``partq.wire.error_frames.error_from_frame`` rebuilds it on the other side, so a client of
+``partq serve`` catches the same classes as a user of the library.
 """
 from __future__ import annotations
 
 import errno
 
 from partq.storage.errors import (
+    AccessDenied,
     BrokerClosed,
     CorruptRecord,
     CorruptStore,
@@ -17,8 +22,12 @@ from partq.storage.errors import (
     FormatVersionMismatch,
     InvalidConfig,
     NotAPartqStore,
+    OpenedReadOnly,
     PartqError,
     StorageFull,
+    StoreBusy,
+    TornRead,
+    UnsafeDirectory,
     UsedAcrossFork,
 )
 
@@ -28,7 +37,9 @@ __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStor
            "StandbyReadOnly", "ScalingStepFailed", "ScalingInterrupted", "Diverged",
            "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced",
            "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable", "PeerRefused",
-           "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError"]
+           "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError", "InvalidAck",
+           "LockHeld", "OwnerLost", "FrameError", "HandshakeFailed", "JobFinished", "JobAborted",
+           "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy"]
 
 
 class QueueNotFound(PartqError):
@@ -56,17 +67,43 @@ class DeliveryLocked(PartqError):
     """Another process (or another Broker in this process) owns delivery for the queue."""
 
 
+class OwnerLost(DeliveryLocked):
+    """The connection to the process that owns a queue's delivery closed under a request: it
+    died or closed, and a new owner (maybe this process) takes over shortly; the request may be
+    retried."""
+
+
+class LockHeld(PartqError):
+    """A lock file (a queue's delivery, a standby's directory) is held by another process;
+    ``holder`` says which ("pid P on HOST since T")."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        super().__init__(f"held by {holder}")
+
+    def to_frame(self) -> dict:
+        return {**super().to_frame(), "holder": self.holder}
+
+
 class FlowClosed(PartqError):
     """The flow was unbound (by the caller, by close, or by a queue change)."""
 
 
+class InvalidAck(PartqError, ValueError):
+    """An ack or nack names a message this queue never delivered."""
+
+
 class FlowFenced(PartqError):
-    """An ack or nack named messages of a partition the flow no longer holds (S33): nothing was
+    """An ack or nack named messages of a partition the flow no longer holds (rule `fencing`): nothing was
     changed; the partition's current flow gets them redelivered. ``messages`` lists them."""
 
     def __init__(self, message: str, messages: list | None = None) -> None:
         self.messages = list(messages or [])
         super().__init__(message)
+
+    def to_frame(self) -> dict:
+        return {**super().to_frame(),
+                "messages": [[m.queue, m.partition, m.seq] for m in self.messages]}
 
 
 class StandbyReadOnly(PartqError):
@@ -80,6 +117,9 @@ class ScalingStepFailed(PartqError):
     def __init__(self, step: int, message: str) -> None:
         self.step = step
         super().__init__(message)
+
+    def to_frame(self) -> dict:
+        return {**super().to_frame(), "step": self.step}
 
 
 class ScalingInterrupted(PartqError):
@@ -117,6 +157,16 @@ class ProtocolMismatch(PartqError):
     """The peer is not a partq listener of that kind, or speaks another version."""
 
 
+class FrameError(PartqError):
+    """A frame failed its checks (checksum, length, msgpack) or is not a request the reader
+    knows; the connection that carried it ends."""
+
+
+class HandshakeFailed(PartqError):
+    """A listener refused a peer during the handshake; the peer was told why and its connection
+    ends."""
+
+
 class ServerUnavailable(PartqError):
     """No partq server answers at that address (refused, timed out, or the connection was lost
     and could not be made again in time)."""
@@ -133,18 +183,19 @@ class ReplicationRefused(PartqError):
     histories diverged (re-snapshot the standby), or the primary has no slot left for it."""
 
 
-class OpenedReadOnly(PartqError):
-    """The directory was opened for reading only (``partq.ops.read_only``: a user who may not write
-    it, or ``--read-only``): publishes, binds and changes are refused."""
-
-
-class TornRead(PartqError):
-    """A read without LMDB's reader lock (``partq.ops.read_only``) saw a writer reuse the pages it
-    was reading, and retrying did not give a consistent answer. Nothing was changed; run it
-    again, or read as a user who may write the directory."""
-
-
 class CopyInError(PartqError):
     """``copy_in`` cannot go on: the file is not a copy-out export, or a record in it is
     damaged. What was published before stays published (a re-run skips it); the message
     names the record."""
+
+
+class JobFinished(PartqError):
+    """Staging was refused: the job was already committed or aborted (a late or zombie attempt)."""
+
+
+class JobAborted(PartqError):
+    """``commit_job`` was called for a job that was aborted: its staged rows are gone."""
+
+
+class StagedRowsMismatch(PartqError):
+    """An attempt's staged rows differ from the count its task reported: nothing was published."""

@@ -1,50 +1,135 @@
 """A consumer flow: the handle ``Broker.bind`` returns. Receive, ack, nack, unbind.
 
 A ``Flow`` is a thin handle over a ``FlowEndpoint``: the delivery runtime of the process that
-owns the queue's delivery (``partq.delivery.LocalEndpoint``), or a connection to that process
-(a flow served over a socket). Both speak the same narrow interface, so a flow behaves the same
-wherever it is bound.
+owns the queue's delivery (``partq.delivery.LocalEndpoint``), a flow of another process of the
+host served by that owner (``partq.delivery.peers.PeerFlow``), or a connection to ``partq
+serve`` (``partq.remote.RemoteEndpoint``). All three speak the same narrow interface, so a flow
+behaves the same wherever it is bound; ``FlowEndpoint`` says where they differ.
 
 Thread-safety: a Flow may be used from several threads.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from partq.errors import InvalidConfig
 from partq.message import FlowChangeUpdate, Message
-from partq.pending import Pending
+from partq.pending import Pending, WriteHandle
 
 
 class FlowEndpoint(Protocol):
-    """What a ``Flow`` needs from whoever delivers to it."""
+    """What a ``Flow`` calls: one interface for the three places a flow can be bound.
+
+    * ``partq.delivery.LocalEndpoint``: bound in the process that owns the queue's delivery.
+    * ``partq.delivery.peers.PeerFlow``: bound in another process of the host (rule
+      `peer-flows`). The owner assigns its partitions over the control channel and this process
+      reads and acks them in the store itself; once a failover made this process the owner
+      (rule `owner-takeover`) it forwards every call to a ``LocalEndpoint``.
+    * ``partq.remote.RemoteEndpoint``: a flow of ``partq.connect`` served by ``partq serve``
+      (rule `serve`). The server pushes messages within the flow's credit; they wait in a
+      buffer until received.
+
+    ``tests/broker/test_endpoint_contract.py`` runs one suite on all three.
+
+    Threads: every method may be called from several threads at once (each endpoint guards its
+    state with a lock); two receives at once share the messages out between them. The
+    ``on_change`` callback runs on a delivery thread while delivery state is locked.
+
+    Errors (``partq.errors``, all ``PartqError``):
+
+    * ``FlowClosed``: ``receive`` on a flow that was unbound, by ``unbind``, by the close of its
+      broker or client, by a queue delete or change of access type, by the owner after
+      ``consumer_timeout`` without a sign of life (rule `liveness`), or, remote, when a
+      reconnect could not bind it again. ``closed_reason`` says which.
+    * ``FlowFenced``: an ack, ``ack_through`` or nack of a partition the flow does not hold
+      (rule `fencing`): nothing changed, ``messages`` lists the refused messages, and the
+      partition's current flow gets them redelivered. An unbound flow holds nothing, so every
+      ack or nack after ``unbind`` raises it.
+    * ``InvalidAck``: an ack of a message never delivered, or an ack or nack of a message of
+      another queue.
+    * ``CorruptRecord``: ``receive`` met a record that fails its checksum (not with
+      ``skip_corrupt``); delivery of that partition stops there.
+    * ``BrokerClosed``: the broker of this process (local, peer) or the client (remote) was
+      closed. ``UsedAcrossFork``: local and peer, the broker was opened before a fork.
+    * ``ServerUnavailable``: remote, the connection dropped before the answer (the request may
+      or may not have taken effect) or was not back within the client's timeout.
+
+    Where the endpoints differ, by design:
+
+    * A refused ack raises from ``ack_async`` or ``ack_through`` itself when the endpoint can
+      tell at once (always for a local flow, and for every flow once unbound), else from the
+      handle's ``result()``: a peer flow whose partition moved between its check and its commit,
+      a remote flow whose server refused. ``Flow.ack_many`` waits, so it raises either way.
+      (``test_a_refused_ack_raises_from_the_call_or_from_its_result``)
+    * ``unacked()`` drops when an ack is applied for a local or peer flow, and when its server
+      confirmed it for a remote flow (``ack_many`` has returned by then either way).
+    * ``partitions()`` is the owner's live assignment for a local flow, the assignment the owner
+      last stored for a peer flow, and what the server last pushed for a remote flow: a peer or
+      remote flow may learn of a move a moment later (it cannot ack there meanwhile: fenced).
+    * ``flow_id`` of a peer or remote flow changes when a failover or a reconnect binds it
+      again; the owner's status lists it under the new id.
+    """
+
+    @property
+    def flow_id(self) -> str:
+        """The id the owner knows the flow by (``FlowStatus.flow`` in ``queue_status``)."""
 
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
-        """Up to ``max_messages`` messages, waiting at most ``timeout`` s for the first."""
+        """Up to ``max_messages`` messages of the flow's partitions, in sequence order per
+        partition, at most ``max_delivered_unacked_per_flow`` unacked (rule `max-unacked`).
+        Returns once one is available, or [] after ``timeout`` seconds (0: never waits).
+        ``Flow.receive`` checked both arguments. Raises ``FlowClosed`` once unbound,
+        ``CorruptRecord``."""
 
-    def ack_async(self, msgs: Iterable[Message]):
-        """Apply acks to delivery now; return a handle whose ``result()`` waits until they are
-        durable (or None when there was nothing to write)."""
+    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
+        """Ack ``msgs`` in one write, taken whole or not at all: acked messages are never
+        delivered again, at once. Returns the write's handle, whose ``result()`` returns once
+        it is durable, or None when there was nothing to write (all acked already). Raises
+        ``FlowFenced``, ``InvalidAck`` (from here or from ``result()``, see above)."""
 
-    def ack_through(self, partition: int, seq: int):
-        """Ack every message of ``partition`` up to ``seq``; a handle like ``ack_async``'s."""
+    def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
+        """Ack every message of ``partition`` up to ``seq``, delivered or not; a handle like
+        ``ack_async``'s. Raises ``FlowFenced`` when the flow does not hold ``partition``."""
 
-    def nack(self, msg: Message) -> None: ...
-    def unbind(self) -> None: ...
-    def partitions(self) -> frozenset[int]: ...
-    def events(self) -> list[FlowChangeUpdate]: ...
-    def unacked(self) -> int: ...
-    def closed(self) -> bool: ...
-    def closed_reason(self) -> str | None: ...
-    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None: ...
+    def nack(self, msg: Message) -> None:
+        """Give ``msg`` back: it and every later unacked message of its partition are delivered
+        again, in order, marked redelivered (rule `partition-order`). A message not in flight
+        to this flow is ignored. Returns once the next receive would see it. Raises
+        ``FlowFenced``, ``InvalidAck``."""
+
+    def unbind(self) -> None:
+        """Leave the queue: ``closed()`` turns True, ``partitions()`` empty, ``unacked()`` 0,
+        and the unacked messages go to whoever takes the partitions, marked redelivered. Calling
+        it again does nothing; it raises nothing for a flow that is already unbound."""
+
+    def partitions(self) -> frozenset[int]:
+        """The partitions the flow holds now (empty on a standby, and once unbound)."""
+
+    def events(self) -> list[FlowChangeUpdate]:
+        """The FlowChangeUpdate events since the last call, oldest first."""
+
+    def unacked(self) -> int:
+        """Messages received and neither acked nor nacked yet; a refused ack leaves them
+        counted. 0 once unbound."""
+
+    def closed(self) -> bool:
+        """Whether the flow was unbound (for any reason: see ``FlowClosed``)."""
+
+    def closed_reason(self) -> str | None:
+        """Why the flow was unbound; None while it is bound."""
+
+    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
+        """Call ``callback(update)`` on every later FlowChangeUpdate (None: stop)."""
 
 
 class Flow:
-    def __init__(self, endpoint: FlowEndpoint, flow_id: str, queue: str, name: str | None,
+    def __init__(self, endpoint: FlowEndpoint, queue: str, name: str | None,
                  skip_corrupt: bool = False) -> None:
         self._endpoint = endpoint
-        self.flow_id = flow_id
+        self.flow_id = endpoint.flow_id     # the id it was bound under (see FlowEndpoint)
         self.queue = queue
         self.name = name
         self.skip_corrupt = skip_corrupt
@@ -52,13 +137,13 @@ class Flow:
     # ------------------------------------------------------------------ state
     @property
     def partitions(self) -> frozenset[int]:
-        """The partitions assigned to this flow now: keep it as the hint for a rebind (S15). On an
-        exclusive queue the active flow holds ``{PARENT}``, the parent queue's log."""
+        """The partitions assigned to this flow now: keep it as the hint for a rebind (rule `bind-hint`). On
+        an exclusive queue the active flow holds ``{PARENT}``, the parent queue's log."""
         return self._endpoint.partitions()
 
     @property
     def active(self) -> bool:
-        """True while the flow holds partitions; a standby (S11) is inactive."""
+        """True while the flow holds partitions; a standby (rule `standby-flows`) is inactive."""
         return bool(self.partitions)
 
     @property
@@ -89,10 +174,15 @@ class Flow:
 
         Returns as soon as at least one message is available, or an empty list once ``timeout``
         seconds (real time) passed; ``timeout=0`` never blocks. Bounded by
-        ``max_delivered_unacked_per_flow`` (S14). A waiting receive sleeps: it wakes for new
+        ``max_delivered_unacked_per_flow`` (rule `max-unacked`). A waiting receive sleeps: it wakes for new
         messages, a change of its partitions or a due timer, and looks for other processes'
         publishes every 20 ms at the cost of one read of the store's version.
         """
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise InvalidConfig(f"max_messages must be an integer >= 1, not {max_messages!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not math.isfinite(timeout) or timeout < 0:
+            raise InvalidConfig(f"timeout must be a finite number of seconds >= 0, not {timeout!r}")
         return self._endpoint.receive(max_messages, timeout)
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
@@ -132,7 +222,7 @@ class Flow:
     def ack_through(self, partition: int, seq: int) -> Pending:
         """Acknowledge every message of ``partition`` (one this flow holds) up to ``seq``, in
         one commit, whether it was received through this flow or read from the log directly
-        (a consumer of ranges, such as Spark's stream). Fenced like ``ack_many`` (S33): raises
+        (a consumer of ranges, such as Spark's stream). Fenced like ``ack_many`` (rule `fencing`): raises
         ``FlowFenced`` when the flow does not hold the partition. Durable once ``result()``
         returns."""
         return Pending(self._endpoint.ack_through(partition, seq))

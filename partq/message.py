@@ -6,9 +6,10 @@ from typing import NamedTuple
 
 
 class PublishResult(NamedTuple):
-    """Where a publish landed: the partition (S1/S2) and its sequence in that partition's log.
-    A publish discarded because the queue's ingress is disabled (S19) has ``discarded=True`` and
-    partition and seq -1. (A NamedTuple: a bulk publish builds one per message.)"""
+    """Where a publish landed: the partition (rules `key-hash` and `unkeyed-partitioner`) and its sequence
+    in that partition's log. A publish discarded because the queue's ingress is disabled (rule
+    `ingress-egress`) has ``discarded=True`` and partition and seq -1. (A NamedTuple: a bulk publish
+    builds one per message.)"""
     partition: int
     seq: int
     discarded: bool = False

@@ -2,6 +2,19 @@
 ``Flow.ack_many_async``)."""
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class WriteHandle(Protocol):
+    """A write as the layer that queued it hands it back: the storage layer's pending commit,
+    or a request answered by ``partq serve`` once its write is durable there."""
+
+    def done(self) -> bool:
+        """Whether ``result()`` would return (or raise) without waiting."""
+
+    def result(self) -> object:
+        """Wait until the write is durable and return its value, or raise what it raised."""
+
 
 class Pending:
     """A write queued for the group commit. ``result()`` waits until it is durable and returns
@@ -11,7 +24,7 @@ class Pending:
 
     __slots__ = ("_fut", "_value")
 
-    def __init__(self, fut, value=None) -> None:
+    def __init__(self, fut: WriteHandle | None, value: object = None) -> None:
         self._fut = fut        # the storage layer's pending write; None when nothing was written
         self._value = value    # the result when nothing was written
 

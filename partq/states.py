@@ -1,12 +1,12 @@
 """The vocabulary of statuses and settings, as ``StrEnum``s: each member *is* its string, so the
-values stored on disk, printed and written in ``--json`` are the plain words of the seeds."""
+values stored on disk, printed and written in ``--json`` are the plain words of Solace's documents."""
 from __future__ import annotations
 
 from enum import StrEnum
 
 
 class PartitionState(StrEnum):
-    """S5: a partition's status."""
+    """A partition's status (rule `partition-status`)."""
     UNASSIGNED = "Unassigned"
     READY = "Ready"
     PAUSED = "Paused"
@@ -14,14 +14,14 @@ class PartitionState(StrEnum):
 
 
 class RebalanceState(StrEnum):
-    """S10: a queue's rebalancing status."""
+    """A queue's rebalancing status (rule `rebalance-status`)."""
     READY = "Ready"
     HOLDDOWN = "Holddown"
     REBALANCING = "Rebalancing"
 
 
 class ScalingState(StrEnum):
-    """S18: a queue's scaling status."""
+    """A queue's scaling status (rule `scaling`)."""
     READY = "Ready"
     SCALING_UP = "ScalingUp"
     SCALING_DOWN = "ScalingDown"
@@ -40,6 +40,6 @@ class DeliveryMode(StrEnum):
 
 
 class Partitioner(StrEnum):
-    """S2: the partitioner of unkeyed messages."""
+    """The partitioner of unkeyed messages (rule `unkeyed-partitioner`)."""
     RANDOM = "random"
     STICKY = "sticky"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class PartitionStatus:
     partition: int              # PARENT (0xFFFFFFFF) for the parent queue of an exclusive queue
-    status: str                 # Unassigned | Ready | Paused | Unbound (S5)
+    status: str                 # Unassigned | Ready | Paused | Unbound (rule `partition-status`)
     flow: str | None            # flow id holding the partition
     flow_name: str | None
     depth: int                  # messages published and not yet acked
@@ -35,8 +35,8 @@ class FlowStatus:
 class QueueStatus:
     name: str
     partition_count: int        # the operating count: 0 while the queue is exclusive
-    rebalance_status: str       # Ready | Holddown | Rebalancing (S10)
-    scaling_status: str         # Ready | ScalingUp | ScalingDown (S18)
+    rebalance_status: str       # Ready | Holddown | Rebalancing (rule `rebalance-status`)
+    scaling_status: str         # Ready | ScalingUp | ScalingDown (rule `scaling`)
     ingress_enabled: bool
     egress_enabled: bool
     depth: int
@@ -46,12 +46,12 @@ class QueueStatus:
     access_type: str = "non-exclusive"  # "exclusive": non-partitioned, the parent queue delivers
     parent_depth: int = 0       # unacked messages in the parent queue's log (on a partitioned
                                 # queue: left behind by a change of access type; copy them out)
-    discarded: int = 0          # publishes discarded while ingress was off (S19; durable)
+    discarded: int = 0          # publishes discarded while ingress was off (rule `ingress-egress`; durable)
     procedure: dict | None = None   # a scaling procedure in progress or interrupted
                                     # (``partq.scaling.Procedure.as_dict``)
     warnings: list[str] = field(default_factory=list)   # what an operator must know now
-    cutover: dict | None = None     # an online scaling still draining (S37): per old partition
-                                    # its cut-over seq, messages to ack, messages held
+    cutover: dict | None = None     # an online scaling still draining (rule `online-scaling`): per
+                                    # old partition its cut-over seq, messages to ack, messages held
                                     # (``partq.delivery.holds.hold_report``)
 
     def as_dict(self) -> dict:

@@ -12,7 +12,7 @@ from partq.delivery.saved_state import DeliveryView, SlotView, decode_state, sto
 from partq.publish.publisher import discarded_count
 from partq.scaling.record import read_procedure
 from partq.states import PartitionState
-from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.status import PartitionStatus, QueueStatus
 from partq.storage.encoding import PARENT
 
 
@@ -56,8 +56,7 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
         rebalance_status=view.rebalance_status, scaling_status=config.scaling_status,
         ingress_enabled=config.ingress_enabled, egress_enabled=config.egress_enabled,
         depth=sum(p.depth for p in parts), partitions=parts,
-        flows=[FlowStatus(f.flow_id, f.name, f.bound, f.active, f.partitions, f.client,
-                          f.connected_at, f.heartbeat_age) for f in view.flows],
+        flows=list(view.flows),
         delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
         discarded=discarded_count(r, config.qid),
         procedure=procedure.as_dict() if procedure else None,

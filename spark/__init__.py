@@ -11,8 +11,9 @@
        .mode("append").save())
 
 Needs the ``spark`` extra (``pip install 'partq[spark]'``: pyspark>=4.0, pyarrow, pandas). The
-options and guarantees of each direction: docs/spark.md, and ``partq.spark.batch`` (S35),
-``partq.spark.stream`` (S36) and ``partq.spark.writer`` (S28).
+options and guarantees of each direction: docs/spark.md, and ``partq.spark.batch`` (rule
+`spark-read`), ``partq.spark.stream`` (rule `spark-stream`) and ``partq.spark.writer`` (rule
+`spark-exactly-once`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How the Spark source reaches a queue: the directory on this host, or ``partq serve`` (S36a).
+"""How the Spark source reaches a queue: the directory on this host, or ``partq serve`` (rule `spark-remote`).
 
 ``open_access(where)`` returns a ``LocalAccess`` (``path``: LMDB opened in this process, right
 for Spark's local mode and one host) or a ``RemoteAccess`` (``address``: every read, bind,

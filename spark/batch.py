@@ -1,11 +1,12 @@
-"""``spark.read.format("partq")``: a queue's messages at Spark scale, without consuming them (S35).
+"""``spark.read.format("partq")``: a queue's messages at Spark scale, without consuming them (rule
+`spark-read`).
 
 Like ``partq inspect``, it binds no flow and writes nothing: it changes no delivery state, and
 works while other processes publish, consume or own delivery. It reads each log from its ack
 floor up to its head when the query is planned: the messages not acked yet, each once (acked
 ones still stored, and those acked while the query runs, are left out). Without options it
 reads every partition; ``.option("parent", "true")`` reads the parent queue's log instead (the
-messages an exclusive period left stranded, seed 001). One Spark partition per log, split in
+messages an exclusive period left stranded, rule `ingress-egress`). One Spark partition per log, split in
 ranges of ``splitRows`` sequences for big ones.
 
 Filters on ``partition`` (=, IN), ``seq`` (=, <, <=, >, >=) and ``key`` (=, IN) are pushed down

@@ -1,4 +1,4 @@
-"""The stream's offsets (S36) and the arithmetic on them, without Spark or I/O.
+"""The stream's offsets (rule `spark-stream`) and the arithmetic on them, without Spark or I/O.
 
 An offset is a JSON object (Spark stores it in the query's checkpoint, in ``offsets/``)::
 
@@ -10,7 +10,7 @@ sequence to read: a micro-batch from offset A to offset B reads, in each log, th
 ``A[p] <= seq < B[p]`` that are not acked (a log missing from A reads from 0: everything not
 acked). ``qid`` tells a queue deleted and created again under the same name apart.
 ``consumer``: the flow name the stream holds its partitions under, chosen once when the query
-starts and kept in its checkpoint, so a restarted query is the same consumer (S17).
+starts and kept in its checkpoint, so a restarted query is the same consumer (rule `named-flows`).
 ``unacked``: the micro-batch that ends here read messages, which Spark commits (and partq
 acks) only when it plans the next micro-batch; so the next one is planned even with no new
 message (an empty micro-batch), and a stream that goes idle leaves nothing unacked.

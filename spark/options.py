@@ -20,7 +20,7 @@ STREAM = ("consumer", "maxMessagesPerTrigger", "failOnDataLoss", "splitRows")
 @dataclass(frozen=True)
 class Where:
     """Where the queue is: a directory on this host (``path``), or ``partq serve`` at
-    ``address`` (S36a) with its token. Plain values: pickled to every task."""
+    ``address`` (rule `spark-remote`) with its token. Plain values: pickled to every task."""
     queue: str
     path: str | None = None
     address: str | None = None

@@ -1,10 +1,10 @@
 """The rows Spark reads from a queue: the schema, and stored records turned into Arrow batches.
 
-Columns (S35): ``partition`` (bigint: the storage partition, ``partq.PARENT`` = 4294967295 for
+Columns (rule `spark-read`): ``partition`` (bigint: the storage partition, ``partq.PARENT`` = 4294967295 for
 the parent queue's log), ``seq`` (bigint), ``key`` (string, null when unkeyed), ``payload``
 (binary), ``headers`` (map<string,string>: string values as they are, other values as JSON,
 bytes as base64 strings inside it; null when the message has none), ``publish_time``
-(timestamp, UTC, microseconds). Every record's crc32c is checked before it is decoded (S24): a
+(timestamp, UTC, microseconds). Every record's crc32c is checked before it is decoded (rule `checksums`): a
 damaged one fails the task with ``CorruptRecord`` naming queue, partition and sequence.
 """
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The "partq" Spark Python data source: read a queue, consume it as a stream, write into it.
 
-    spark.read.format("partq").option("path", DIR).option("queue", Q).load()        # S35
-    spark.readStream.format("partq").option("path", DIR).option("queue", Q).load()  # S36
-    df.write.format("partq").option("path", DIR).option("queue", Q).save()         # S28
+    spark.read.format("partq").option("path", DIR).option("queue", Q).load()        # rule `spark-read`
+    spark.readStream.format("partq").option("path", DIR).option("queue", Q).load()  # rule `spark-stream`
+    df.write.format("partq").option("path", DIR).option("queue", Q).save()         # rule `spark-exactly-once`
 
 ``path`` is a directory on the host every executor runs on (Spark local mode, one machine:
 LMDB does not work over network filesystems); ``.option("address", "HOST:PORT")`` with
-``token``/``tokenFile`` goes through ``partq serve`` instead (S36a). The options of each
+``token``/``tokenFile`` goes through ``partq serve`` instead (rule `spark-remote`). The options of each
 direction are in docs/spark.md and in ``partq.spark.batch``, ``.stream`` and ``.writer``.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""``spark.readStream.format("partq")``: a queue consumed by a Structured Streaming query (S36).
+"""``spark.readStream.format("partq")``: a queue consumed by a Structured Streaming query (rule
+`spark-stream`).
 
 The query is one named consumer of the queue: its driver-side reader binds a flow (option
 ``consumer``; by default a name chosen when the query starts and kept in its checkpoint's
-offsets, so a restarted query is the same consumer and gets its partitions back, S17) and
+offsets, so a restarted query is the same consumer and gets its partitions back, rule `named-flows`) and
 reads only the logs that flow holds, so no other consumer of the queue is given the same
 messages. Offsets are per-log sequences (``spark.offsets``). A micro-batch reads the range
 between two offsets straight from the logs, in Spark tasks, and reads it identically as long as

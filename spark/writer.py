@@ -1,4 +1,5 @@
-"""``df.write.format("partq")``: DataFrame rows into a queue, exactly once per job (S28).
+"""``df.write.format("partq")``: DataFrame rows into a queue, exactly once per job (rule
+`spark-exactly-once`).
 
 The driver creates a job id when Spark asks for the writer. Every task attempt encodes its rows
 and stages them under (job id, task partition, task attempt id), ``batchSize`` rows per
@@ -13,8 +14,8 @@ there is no order (repartition by the key column to get per-key order overall).
 
 With ``path``, each Python worker call (``write``, ``commit``, ``abort``, and the driver's
 planning step) opens the directory and closes it before it returns: LMDB environments never
-cross ``fork()``. With ``address`` (S36a) the same calls go to ``partq serve``, which stages and
-commits on the server. The writer object Spark pickles to executors holds only plain values.
+cross ``fork()``. With ``address`` (rule `spark-remote`) the same calls go to ``partq serve``, which stages
+and commits on the server. The writer object Spark pickles to executors holds only plain values.
 """
 from __future__ import annotations
 

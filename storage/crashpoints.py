@@ -3,6 +3,8 @@
 ``PARTQ_CRASH_AT=name:N`` (several separated by commas) makes the process SIGKILL itself the
 N-th time it passes the named point. Unset (always, outside tests), ``hit`` is never called:
 callers test the module-level ``ENABLED`` flag first, so the cost is one attribute read.
+A fork server whose children arm themselves after the import calls ``arm`` in the child;
+``passes`` tells how often each point was passed.
 
 Points: before_commit, after_commit_before_return, mid_batch, at_ack, during_truncation,
 during_scaling, during_handoff, after_cutover.
@@ -32,6 +34,23 @@ _targets = _parse(os.environ.get("PARTQ_CRASH_AT", ""))
 _passes: dict[str, int] = {}
 _lock = threading.Lock()
 ENABLED = bool(_targets)
+
+
+def arm(spec: str) -> None:
+    """Arm the points of ``spec`` (``PARTQ_CRASH_AT``'s format; ``""`` disarms every point) and
+    count passes afresh, as if this process had started with ``PARTQ_CRASH_AT=spec``."""
+    global _targets, ENABLED
+    targets = _parse(spec)
+    with _lock:
+        _targets = targets
+        _passes.clear()
+    ENABLED = bool(targets)
+
+
+def passes() -> dict[str, int]:
+    """How many times each point was passed since the import or the last ``arm``."""
+    with _lock:
+        return dict(_passes)
 
 
 def hit(name: str) -> None:

@@ -1,8 +1,10 @@
 """Opening one directory's LMDB environment: its files and modes, its databases, the format
-stamp, and the checks that turn a damaged or foreign file into a one-line error.
+stamp, and the checks that turn a damaged or foreign file into a one-line error (LMDB's own
+failures through ``partq.storage.lmdb_errors``).
 
 ``Store`` calls these while it opens (and when it reopens a read-only environment for
-writing); nothing here keeps state beyond the ``OpenReport`` it fills.
+writing), ``ReadOnlyStore`` to open one without writing anything; nothing here keeps state
+beyond the ``OpenReport`` it fills.
 """
 from __future__ import annotations
 
@@ -13,15 +15,17 @@ from typing import Any
 import lmdb
 
 from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
-from partq.storage.errors import CorruptStore, FormatVersionMismatch, InvalidConfig, NotAPartqStore
+from partq.storage.errors import CorruptStore, FormatVersionMismatch, NotAPartqStore
 from partq.storage.files import chmod_own
+from partq.storage.lmdb_errors import Step, translated
 from partq.storage.txn import DB_NAMES
+from partq.storage.writelock import stuck_writer
 
 RESIZE_RETRIES = 100                 # adopting a map grown by another process, before giving up
 
 
 class OpenReport:
-    """What opening did, for ``partq`` to print (STYLE point 6)."""
+    """What opening did (recovery returns a report), for ``partq`` to print."""
 
     def __init__(self) -> None:
         self.created = False
@@ -43,43 +47,87 @@ class Opening:
     file_mode: int
     report: OpenReport = field(default_factory=OpenReport)
 
-    def open_env(self, map_size: int, readonly: bool = False) -> lmdb.Environment:
-        for attempt in range(RESIZE_RETRIES):
+    def open_store(self, map_size: int) -> tuple[lmdb.Environment, dict[str, Any], bool]:
+        """The environment of the store, its databases, and whether the environment is LMDB's
+        readonly one: it is when another process is stuck inside a commit (no write lock is
+        taken, so that process holds up no open); writable otherwise, and to create the store
+        (or finish a creation cut short)."""
+        holder = None
+        if os.path.exists(os.path.join(self.path, "data.mdb")):
+            holder = stuck_writer(self.path)
+        if holder is not None:
+            self.report.write_lock_holder = holder
+            env = self.open_env(map_size, readonly=True)
             try:
-                fresh = not os.path.exists(os.path.join(self.path, "data.mdb"))
-                env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2,
-                                subdir=True, sync=self.sync, metasync=True,
-                                max_readers=1024, lock=True, create=not readonly,
-                                readonly=readonly, mode=self.file_mode)
-                if fresh:     # LMDB applies the umask to ``mode``: set it exactly
-                    for name in ("data.mdb", "lock.mdb"):
-                        chmod_own(os.path.join(self.path, name), self.file_mode)
-                break
-            except lmdb.MapResizedError:
-                # another process grew the map between LMDB's open and its first transaction
-                # (py-lmdb begins one inside open): open again, which adopts the new size
-                if attempt == RESIZE_RETRIES - 1:
-                    raise CorruptStore(f"cannot open {self.path}: another process keeps growing "
-                                       f"its map; retry") from None
-            except lmdb.Error as exc:
-                self._refuse_open(exc)
-        return self._check_env(env)
+                dbs = self.existing_dbs(env)
+            except BaseException:
+                env.close()
+                raise
+            if dbs is not None:
+                return env, dbs, True
+            env.close()
+        env = self.open_env(map_size, readonly=False)
+        try:
+            return env, self.create_dbs(env), False
+        except BaseException:
+            env.close()
+            raise
+
+    def open_env(self, map_size: int, readonly: bool = False) -> lmdb.Environment:
+        with translated(self.path, Step.OPEN):
+            for _ in range(RESIZE_RETRIES - 1):
+                try:
+                    return self._check_env(self._open_once(map_size, readonly))
+                except lmdb.MapResizedError:
+                    # another process grew the map between LMDB's open and its first
+                    # transaction (py-lmdb begins one inside open): open again, which adopts
+                    # the new size
+                    continue
+            return self._check_env(self._open_once(map_size, readonly))
+
+    def _open_once(self, map_size: int, readonly: bool) -> lmdb.Environment:
+        fresh = not os.path.exists(os.path.join(self.path, "data.mdb"))
+        env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2, subdir=True,
+                        sync=self.sync, metasync=True, max_readers=1024, lock=True,
+                        create=not readonly, readonly=readonly, mode=self.file_mode)
+        if fresh:     # LMDB applies the umask to ``mode``: set it exactly
+            for name in ("data.mdb", "lock.mdb"):
+                chmod_own(os.path.join(self.path, name), self.file_mode)
+        return env
+
+    def open_lock_free(self) -> tuple[lmdb.Environment, dict[str, Any]]:
+        """The environment and databases of a complete store, opened with LMDB's
+        ``readonly=True, lock=False``: nothing is written, not even a reader slot in
+        ``lock.mdb`` (``ReadOnlyStore`` checks its reads instead). The map size is the one the
+        store's writers set (in its meta page)."""
+        with translated(self.path, Step.OPEN):
+            env = self._check_env(lmdb.open(self.path, readonly=True, lock=False, subdir=True,
+                                            create=False, max_dbs=len(DB_NAMES) + 2, map_size=0))
+        try:
+            dbs = self.existing_dbs(env)
+        except BaseException:
+            env.close()
+            raise
+        if dbs is None:
+            env.close()
+            raise NotAPartqStore(f"{self.path} holds no complete partq store yet; create it with "
+                                 f"`partq --data {self.path} init` as a user who may write it")
+        return env, dbs
 
     def open_dbs(self, env: lmdb.Environment) -> dict[str, Any]:
         """The databases of an environment a complete store opened before (no write)."""
-        return {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
+        with translated(self.path, Step.OPEN):
+            return {name: env.open_db(name.encode(), create=False) for name in DB_NAMES}
 
     def existing_dbs(self, env: lmdb.Environment) -> dict[str, Any] | None:
         """The databases of a complete store, in a readonly environment; None when a database or
         the format stamp is missing (a creation cut short: the caller finishes it)."""
         if not all(name.encode() in self._main_keys(env) for name in DB_NAMES):
             return None
-        try:
+        with translated(self.path, Step.READ):
             dbs = self.open_dbs(env)
             with begin_adopting(env) as txn:
                 stamp = txn.get(b"format", db=dbs["meta"])
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         if stamp is None:
             return None
         self._check_stamp(bytes(stamp))
@@ -89,7 +137,7 @@ class Opening:
         """Create (or finish creating) the store's databases and format stamp."""
         self._main_keys(env)
         dbs: dict[str, Any] = {}
-        try:
+        with translated(self.path, Step.WRITE):
             with begin_adopting(env, write=True) as txn:
                 for name in DB_NAMES:
                     dbs[name] = env.open_db(name.encode(), txn=txn, create=True)
@@ -99,18 +147,7 @@ class Opening:
                     self.report.created = True
                 else:
                     self._check_stamp(bytes(stamp))
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         return dbs
-
-    def _refuse_open(self, exc: lmdb.Error):
-        if "already open in this process" in str(exc):
-            raise InvalidConfig(f"{self.path} is already open in this process through another "
-                                f"path or link; open it once and share the Broker") from None
-        if not isinstance(exc, lmdb.InvalidError):
-            raise CorruptStore(f"cannot open {self.path}: {exc}") from None
-        raise CorruptStore(f"{self.path}/data.mdb is not a readable LMDB file (damaged or not "
-                           f"partq's); restore it from a DR-standby or backup") from None
 
     def _check_env(self, env: lmdb.Environment) -> lmdb.Environment:
         info, psize = env.info(), env.stat()["psize"]
@@ -125,11 +162,9 @@ class Opening:
         return env
 
     def _main_keys(self, env: lmdb.Environment) -> list[bytes]:
-        try:
+        with translated(self.path, Step.READ):
             with begin_adopting(env) as txn:
                 keys = [bytes(k) for k, _ in txn.cursor()]
-        except lmdb.Error as exc:
-            raise CorruptStore(f"cannot read {self.path}: {exc}") from None
         if keys and b"meta" not in keys:
             raise NotAPartqStore(f"{self.path} holds an LMDB environment that is not a partq store; "
                                  f"pass a new or empty directory")

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
+import stat
 
-from partq.storage.errors import InvalidConfig, NotAPartqStore
+from partq.storage.errors import InvalidConfig, NotAPartqStore, UnsafeDirectory
 
 # Modes of what partq creates in a store directory, whatever the umask (as PostgreSQL keeps its
 # data directory): the directory 0700, data.mdb and lock.mdb 0600. PARTQ_FILE_MODE=0640 (or
@@ -52,7 +53,9 @@ def prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MOD
         os.makedirs(path, mode=dir_mode(file_mode), exist_ok=True)
         chmod_own(path, dir_mode(file_mode))      # exactly, whatever the umask
         return
+    check_ownership(path)
     entries = set(os.listdir(path))
+    check_no_links(path, entries)
     if "data.mdb" not in entries and not create:
         raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
     if "data.mdb" not in entries and entries - PARTQ_FILES:
@@ -60,3 +63,50 @@ def prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MOD
                              f"directory")
     if "data.mdb" not in entries and os.stat(path).st_uid == os.getuid():
         chmod_own(path, dir_mode(file_mode))     # a store is made here: as initdb does
+
+    if "data.mdb" in entries:
+        check_not_shared(path)
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_ownership(path: str) -> None:
+    """Refuse a directory another user owns: whoever owns it could have prepared files in it
+    (a ``lock.mdb`` that is a link to a file of ours, say) for partq to write through. As
+    PostgreSQL does with its data directory."""
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        raise UnsafeDirectory(
+            f"{path} is owned by {_owner(st.st_uid)}, not by this user ({_owner(os.getuid())}): "
+            f"partq writes only a directory its own user owns; run as its owner, give it to "
+            f"this user (chown), or open it read-only (--read-only)")
+
+
+def check_not_shared(path: str) -> None:
+    """Refuse a store directory other users may write to (group or world writable): they could
+    replace its files between two opens."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o022:
+        raise UnsafeDirectory(
+            f"{path} may be written by other users (mode {mode:04o}): partq refuses a store "
+            f"directory that others can change; run `chmod go-w {path}`")
+
+
+def check_no_links(path: str, entries: set[str]) -> None:
+    """Refuse a store whose own files (``PARTQ_FILES``) are symbolic links or not regular
+    files: partq never writes through a link it did not make."""
+    for name in sorted(entries & PARTQ_FILES):
+        st = os.lstat(os.path.join(path, name))
+        kind_ok = stat.S_ISDIR(st.st_mode) if name == "delivery-locks" else stat.S_ISREG(st.st_mode)
+        if stat.S_ISLNK(st.st_mode) or not kind_ok:
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise UnsafeDirectory(
+                f"{os.path.join(path, name)} is {what}: partq never opens its files through a "
+                f"link; remove it if the directory holds no store, or restore the store from a "
+                f"backup")

@@ -2,13 +2,18 @@
 
 Callers queue an operation (a function of a ``Writer``) and wait on its future. The thread takes
 everything queued, runs it all in one write transaction, commits (with fsync in sync mode) and
-resolves every future, so N concurrent publishers pay for about one fsync, not N (S23).
+resolves every future, so N concurrent publishers pay for about one fsync, not N (rule `durable-publish`).
 
 Failure handling, in order:
 * ``lmdb.MapFullError``: the transaction is aborted (nothing of it is visible), the map doubles
   and the batch runs again; at ``max_map_size`` every operation fails with ``StorageFull``.
 * any other exception from a batch of several operations: the batch is aborted and each
-  operation runs again alone, so one bad operation fails only its own caller.
+  operation runs again alone, so one bad operation fails only its own caller, with the
+  exception its operation raised (an lmdb exception as its partq error, by
+  ``partq.storage.lmdb_errors``).
+
+The thread starts with the first write: a store that is only read (or refuses writes, as
+``ReadOnlyStore``) runs none.
 
 Merging: an operation with a ``merge_key`` attribute runs together with every other operation
 of the batch that has the same key, through ``type(op).run_merged(writer, ops)``, which returns
@@ -17,7 +22,6 @@ partition). The merged group runs at its first member's place; members keep thei
 """
 from __future__ import annotations
 
-import errno
 import threading
 import time
 from _thread import allocate_lock
@@ -28,7 +32,8 @@ from typing import Any, Protocol, cast
 import lmdb
 
 from partq.storage import crashpoints
-from partq.storage.errors import BrokerClosed, CorruptStore, PartqError, StorageFull
+from partq.storage.errors import BrokerClosed
+from partq.storage.lmdb_errors import Step, translate
 from partq.storage.writer import Writer
 
 MAX_OPS_PER_COMMIT = 8192
@@ -83,11 +88,10 @@ class GroupCommitWriter:
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
         self.sync_gate: SyncGate | None = None     # set by a sync-mode replication server: holds callers
-                                  # until the standby has their commit (S27)
+                                  # until the standby has their commit (rule `replication`)
         # set by replication: checked in each commit that wrote the change log (see Store)
         self.change_log_guard: ChangeLogGuard | None = None
-        self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None      # started by the first submit
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """Call ``fn(appended)`` in the writer thread after every commit (must be quick, must not
@@ -113,6 +117,10 @@ class GroupCommitWriter:
         with self._cond:
             if self._stopping:
                 raise BrokerClosed(f"the store at {self._store.path} is closing; open it again")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="partq-writer",
+                                                daemon=True)
+                self._thread.start()
             self._pending.append(pending)
             self._cond.notify()
         return pending
@@ -122,8 +130,9 @@ class GroupCommitWriter:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
@@ -144,7 +153,7 @@ class GroupCommitWriter:
             outcome = self._run_batch(batch)
         except BaseException as exc:  # every failure reaches its caller
             if len(batch) == 1:
-                batch[0].resolve(error=_translate(exc, self._store.path))
+                batch[0].resolve(error=translate(exc, self._store.path, Step.WRITE))
             else:
                 for item in batch:
                     self._commit([item])
@@ -253,11 +262,3 @@ def _run_ops(writer: Writer, batch: list[Pending]) -> tuple[list, list[bool]]:
         for j in members:
             replicated[j] = wrote
     return results, replicated
-
-
-def _translate(exc: BaseException, path: str) -> BaseException:
-    if isinstance(exc, PartqError) or not isinstance(exc, lmdb.Error):
-        return exc
-    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
-        return StorageFull(f"the disk holding {path} is full; free space, then publish again")
-    return CorruptStore(f"write to {path} failed: {exc}")

@@ -3,8 +3,9 @@
 One ``Store`` per directory per process (LMDB forbids two environments on one path in a process);
 ``Store.open`` hands out the shared instance and counts references. Every read runs in
 ``Store.read()``; every write goes through the group-commit thread (``Store.write``/``submit``),
-which is the only code that opens write transactions. This file is the one place lmdb exceptions
-are caught and translated into ``partq.errors``.
+which is the only code that opens write transactions. An lmdb exception leaves it as a partq
+error, translated by ``partq.storage.lmdb_errors``. ``ReadOnlyStore`` (``read_only_store``) is
+the same store opened without writing anything.
 
 Thread-safety: all public methods are safe to call from any thread of the opening process, and
 from no other process: a Store used after ``fork()`` raises ``UsedAcrossFork``.
@@ -16,27 +17,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import lmdb
 
+from partq.storage.commit_hooks import CommitHooks
 from partq.storage.encoding import unpack_u64
 from partq.storage.environment import RESIZE_RETRIES, Opening
-from partq.storage.errors import (
-    BrokerClosed,
-    CorruptStore,
-    InvalidConfig,
-    StorageFull,
-    UsedAcrossFork,
-)
+from partq.storage.errors import BrokerClosed, InvalidConfig, PartqError, StorageFull, UsedAcrossFork
 from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
 from partq.storage.gate import TxnGate
+from partq.storage.lmdb_errors import Step, translated
 from partq.storage.txn import DB_NAMES, Reader, change_log_note
-from partq.storage.writelock import WRITE_LOCK_POLL, stuck_writer, write_lock
+from partq.storage.writelock import WRITE_LOCK_POLL, write_lock
 from partq.storage.writer import Writer
-
-if TYPE_CHECKING:
-    from partq.storage.group_commit import ChangeLogGuard
 
 T = TypeVar("T")
 
@@ -48,8 +42,9 @@ _registry: dict[str, Store] = {}
 _registry_lock = threading.Lock()
 
 
-class Store:
-    """One open partq directory. Use ``Store.open``; close with ``close()`` or ``with``."""
+class Store(CommitHooks):
+    """One open partq directory. Use ``Store.open``; close with ``close()`` or ``with``. Its
+    commit hooks come from ``CommitHooks``."""
 
     def __init__(self, path: str, durability: str, map_size: int, max_map_size: int,
                  file_mode: int = DEFAULT_FILE_MODE) -> None:
@@ -69,9 +64,8 @@ class Store:
         # it writable (``_make_writable``). Otherwise the environment is writable from the
         # start. (py-lmdb exports the database handles a read transaction opened only in a
         # readonly environment: hence the two ways.)
-        self._env_readonly = False
         self._upgrade_lock = threading.Lock()
-        self.env, self.dbs = self._open_existing(map_size)
+        self.env, self.dbs, self._env_readonly = self._open_environment(self._opening, map_size)
         psize = self._psize = self.env.stat()["psize"]
         self._append_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
         from partq.storage.group_commit import GroupCommitWriter
@@ -127,31 +121,22 @@ class Store:
             _registry[real] = store
             return store
 
-    def _open_existing(self, map_size: int) -> tuple[lmdb.Environment, dict[str, Any]]:
-        """The environment and its databases: read-only when the store is complete (no write
-        lock taken, so a process stopped inside a commit holds up no open), writable to
-        create it (or finish a creation cut short)."""
-        holder = None
-        if os.path.exists(os.path.join(self.path, "data.mdb")):
-            holder = stuck_writer(self.path)
-        if holder is not None:
-            self.report.write_lock_holder = holder
-            env = self._opening.open_env(map_size, readonly=True)
-            try:
-                dbs = self._opening.existing_dbs(env)
-            except BaseException:
-                env.close()
-                raise
-            if dbs is not None:
-                self._env_readonly = True
-                return env, dbs
-            env.close()
-        env = self._opening.open_env(map_size, readonly=False)
-        try:
-            return env, self._opening.create_dbs(env)
-        except BaseException:
-            env.close()
-            raise
+    @staticmethod
+    def shared(path: str) -> Store | None:
+        """The store this process has open in directory ``path`` (a real path), with one more
+        reference (close it as usual), or None."""
+        with _registry_lock:
+            store = _registry.get(path)
+            if store is None or store._closed or store._pid != os.getpid():
+                return None
+            store._refs += 1
+            return store
+
+    def _open_environment(self, opening: Opening,
+                          map_size: int) -> tuple[lmdb.Environment, dict[str, Any], bool]:
+        """The environment, its databases, and whether the environment is LMDB's readonly one
+        (``Opening.open_store``; ``ReadOnlyStore`` opens its own way)."""
+        return opening.open_store(map_size)
 
     def _make_writable(self) -> None:
         """Reopen a store opened read-only for writing, before this process's first write.
@@ -197,17 +182,23 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Reader]:
         """A consistent read-only snapshot. Keep it short: the map cannot grow while it is open."""
+        with self.read_transaction() as txn:
+            yield Reader(self, txn)
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[lmdb.Transaction]:
+        """The raw read transaction under ``read()``'s ``Reader``, on the newest commit (a map
+        another process grew is adopted). It holds the gate shared: a map resize, or closing,
+        waits for it to end. An lmdb exception in it leaves as its partq error."""
         self.check_usable()
         self._gate.enter()
         try:
-            txn = self._begin(write=False)
-            try:
-                yield Reader(self, txn)
-            except lmdb.Error as exc:
-                raise CorruptStore(f"reading {self.path} failed: {exc}; run `partq verify`, and "
-                                   f"restore from a DR-standby or backup if it is damaged") from None
-            finally:
-                txn.abort()
+            with translated(self.path, Step.READ):
+                txn = self._begin(write=False)
+                try:
+                    yield txn
+                finally:
+                    txn.abort()
         finally:
             self._gate.leave()
 
@@ -246,6 +237,7 @@ class Store:
         """Queue ``op`` for the next group commit; returns a ``Pending`` whose ``result()``
         waits for the commit. A store opened read-only is made writable first."""
         self.check_usable()
+        self.check_writable()
         if self._env_readonly:
             self._make_writable()
         return self._writer.submit(op)
@@ -275,12 +267,11 @@ class Store:
     def install_snapshot(self, snapshot_dir: str, keep_meta: dict[bytes, bytes | None]) -> None:
         """Replace this store's contents with the LMDB environment in ``snapshot_dir`` (a
         DR-standby bootstrapping), in one write transaction together with ``keep_meta``."""
-        try:
+        self.check_writable()
+        with translated(snapshot_dir, Step.OPEN):
             env = lmdb.open(snapshot_dir, readonly=True, lock=False, max_dbs=len(DB_NAMES) + 2)
-        except lmdb.Error as exc:
-            raise CorruptStore(f"the snapshot in {snapshot_dir} cannot be opened: {exc}") from None
         try:
-            with env.begin() as src:
+            with translated(snapshot_dir, Step.READ), env.begin() as src:
                 names = {k.decode() for k, _ in src.cursor()}
                 src_dbs = {name: env.open_db(name.encode(), txn=src, create=False)
                            for name in DB_NAMES if name in names}
@@ -292,61 +283,10 @@ class Store:
         """Write a compact copy of the whole environment into ``directory`` (empty, existing),
         taken from one read transaction while writers go on; return the LSN it holds (a
         DR-standby continues from there)."""
-        self.check_usable()
-        self._gate.enter()
-        try:
-            with self._begin(write=False) as txn:
-                raw = txn.get(b"lsn", db=self.dbs["meta"])
-                self.env.copy(directory, compact=True, txn=txn)
-        except lmdb.Error as exc:
-            raise CorruptStore(f"snapshot of {self.path} failed: {exc}") from None
-        finally:
-            self._gate.leave()
+        with self.read_transaction() as txn, translated(self.path, Step.SNAPSHOT):
+            raw = txn.get(b"lsn", db=self.dbs["meta"])
+            self.env.copy(directory, compact=True, txn=txn)
         return 0 if raw is None else unpack_u64(raw)
-
-    def on_commit(self, fn: Callable[[int], None]) -> None:
-        """Call ``fn(appended)`` in the writer thread after every commit of this process, with
-        the number of records it appended. It must be quick and must not write."""
-        self._writer.add_listener(fn)
-
-    def remove_commit_hook(self, fn: Callable[[int], None]) -> None:
-        self._writer.remove_listener(fn)
-
-    def on_commit_stats(self, fn: Callable[[float, int, int], None]) -> None:
-        """Call ``fn(seconds, operations, appended)`` in the writer thread after every commit of
-        this process (its duration, fsync included; operations and records it carried)."""
-        self._writer.add_stats_listener(fn)
-
-    def remove_commit_stats_hook(self, fn: Callable[[float, int, int], None]) -> None:
-        self._writer.remove_stats_listener(fn)
-
-    def guard_change_log(self, guard: ChangeLogGuard) -> None:
-        """Check ``guard.over`` in every commit of this process that wrote the change log, and
-        when it says so run ``guard.trim`` in a transaction of its own right after that commit,
-        before the next: a bound on the log that holds at every commit, however busy the
-        process (the latest guard wins)."""
-        self._writer.change_log_guard = guard
-
-    def remove_change_log_guard(self, guard: ChangeLogGuard) -> None:
-        """Remove ``guard`` if it is the guard (another's, set later, stays)."""
-        if self._writer.change_log_guard is guard:
-            self._writer.change_log_guard = None
-
-    def set_sync_gate(self, gate) -> None:
-        """Hold the callers of commits that wrote replicated changes in ``gate`` (its
-        ``hold(lsn, pendings, results)`` resolves them later) instead of resolving them at
-        once; None resolves at once again."""
-        self._writer.sync_gate = gate
-
-    def commit_counts(self) -> tuple[int, int]:
-        """(commits, operations) this process's group commit has made since open: operations
-        per commit is what group commit saves."""
-        return self._writer.commits, self._writer.ops
-
-    @property
-    def last_lsn(self) -> int:
-        """LSN of the newest commit of this process that wrote the change log (0: none yet)."""
-        return self._writer.last_lsn
 
     def version(self) -> int:
         """A number that changes with every commit of any process (LMDB's last transaction
@@ -371,6 +311,7 @@ class Store:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
         commit does not run the write, hit MapFull, grow and run it all again."""
         self.check_usable()
+        self.check_writable()
         psize = self._psize
         while True:
             info = self._info()
@@ -387,7 +328,7 @@ class Store:
                 note = change_log_note(r)
             raise StorageFull(f"{self.path} reached max_map_size={self.max_map_size} bytes; open the "
                               f"broker with a larger max_map_size, or ack and drain messages{note}")
-        with self._gate.exclusive():
+        with self._gate.exclusive(), translated(self.path, Step.WRITE):
             self.env.set_mapsize(min(current * 2, self.max_map_size))
 
     # ------------------------------------------------------------------ lifecycle
@@ -402,14 +343,18 @@ class Store:
         if self._closed:
             raise BrokerClosed(f"the store at {self.path} is closed; open it again")
 
+    def check_writable(self) -> None:
+        """Raise ``OpenedReadOnly`` when this store refuses writes (a ``ReadOnlyStore``)."""
+
     def _flush_loop(self) -> None:
         while not self._stop_flushing.wait(ASYNC_FLUSH_INTERVAL):
             self._gate.enter()
             try:
                 if not self._closed and not self._env_readonly:
-                    self.env.sync(True)
-            except lmdb.Error:
-                pass
+                    with translated(self.path, Step.FLUSH):
+                        self.env.sync(True)
+            except PartqError:
+                pass      # the next commit, or sync(), reports a failing disk
             finally:
                 self._gate.leave()
 
@@ -419,7 +364,8 @@ class Store:
         self._gate.enter()
         try:
             if not self._env_readonly:       # nothing written here to flush
-                self.env.sync(True)
+                with translated(self.path, Step.FLUSH):
+                    self.env.sync(True)
         finally:
             self._gate.leave()
 

@@ -21,7 +21,7 @@ staging    prefix || u64 index            rows staged for a later atomic publish
 =========  =============================  ===========================================
 
 Every mutation goes through a ``Writer`` method (``partq.storage.writer``), which also records
-the logical change for the replication change log (S27) when a standby slot exists. That is the
+the logical change for the replication change log (rule `replication`) when a standby slot exists. That is the
 single choke point.
 """
 from __future__ import annotations

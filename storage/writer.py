@@ -1,5 +1,5 @@
 """``Writer``: the view one group commit gives each queued operation, and the change-log
-entries it records for a DR-standby (S27). Every mutation of a store goes through one of its
+entries it records for a DR-standby (rule `replication`). Every mutation of a store goes through one of its
 methods, so every mutation is also recorded (and applied again on a standby) in one place.
 """
 from __future__ import annotations
@@ -179,7 +179,7 @@ class Writer(Reader):
         return first
 
     def ack(self, qid: int, partition: int, seqs: Iterable[int]) -> AckState | None:
-        """Record acks durably and truncate the acked prefix from the log (S26). Acks for a
+        """Record acks durably and truncate the acked prefix from the log (rule `truncation`). Acks for a
         partition that does not exist (dropped by a scale-down after the messages were
         delivered) change nothing and return None: they must not bring back its state."""
         if not self.has_partition(qid, partition):

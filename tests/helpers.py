@@ -1,10 +1,14 @@
 """Helpers every test folder shares (on sys.path through pytest's ``pythonpath``): waiting on a
-condition, draining a flow, and checking a benchmark's JSON lines. Tests synchronise on
-conditions, never on sleeps."""
+condition, draining a flow, running code in a child interpreter, and checking a benchmark's JSON
+lines. Tests synchronise on conditions, never on sleeps."""
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 import time
 from decimal import Decimal
 
@@ -43,6 +47,16 @@ def drain(flow, ack: bool = True, batch: int = 1000, timeout: float = 0.0,
         if ack and msgs:
             flow.ack_many(msgs)
     return out
+
+
+def run_child(code: str, *args, env: dict | None = None, timeout: float = 60,
+              stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` (dedented) in a fresh interpreter with ``args`` as its argv, without the
+    PARTQ_CRASH_AT of this process, and return the finished process (output as text)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "PARTQ_CRASH_AT"}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, input=stdin)
 
 
 def _number(x) -> bool:

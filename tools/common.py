@@ -47,13 +47,7 @@ def translate(exc: BaseException) -> UserError | None:
         # a full disk or a refusing device (/dev/full) while printing: name the act
         doing = "cannot write" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EIO) else None
         return UserError(describe_os_error(exc, doing))
-    try:
-        import lmdb
-    except ImportError:  # pragma: no cover
-        return None
-    if isinstance(exc, lmdb.Error):
-        return UserError(f"LMDB: {exc}; run `partq verify` and restore from a backup if it fails")
-    return None
+    return None     # (the storage layer turns every lmdb exception into a PartqError)
 
 
 def _field_patterns() -> list[tuple[re.Pattern, str]]:

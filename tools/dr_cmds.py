@@ -1,5 +1,5 @@
-"""`partq standby` (run a DR-standby) and `partq dr status|promote|slots|drop-slot` (S27, seed
-001's DR steps; docs/security.md for the token and TLS options).
+"""`partq standby` (run a DR-standby) and `partq dr status|promote|slots|drop-slot` (rule
+`replication`; docs/security.md for the token and TLS options).
 
 A standby process holds ``DIR/standby.lock`` (flock, "pid P on HOST since T"), so `dr status`
 can say who follows and `dr promote` can stop that process before promoting the directory.
@@ -15,7 +15,8 @@ import time
 import click
 
 from partq.broker import Broker
-from partq.delivery.lock import LockHeld, OwnerLock, holder
+from partq.delivery.lock import OwnerLock, holder
+from partq.errors import LockHeld
 from partq.replication import drop_slot, list_slots
 from partq.tools.common import App, UserError
 from partq.tools.output import Output, output_options

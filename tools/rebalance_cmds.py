@@ -1,4 +1,4 @@
-"""``partq rebalance Q --dry-run``: what the rebalancer would do, changing nothing (S38).
+"""``partq rebalance Q --dry-run``: what the rebalancer would do, changing nothing (rule `rebalance-dry-run`).
 
 The plan is ``Broker.rebalance_plan`` (``partq.core.rebalance_plan``); this module prints it.
 """

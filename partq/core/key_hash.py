@@ -1,4 +1,4 @@
-"""S1: the key-to-partition hash. Part of the on-disk contract: never change it silently."""
+"""The key-to-partition hash (rule `key-hash`). Part of the on-disk contract: never change it silently."""
 from __future__ import annotations
 
 import crc32c
@@ -10,5 +10,5 @@ crc32c_of = _crc     # the key hash of already-encoded key bytes: key_partition'
 def key_partition(key: str, partition_count: int) -> int:
     """``crc32c(utf8(key)) % partition_count``. Worked example: crc32c(b"customer-42") is
     0x3C909C8C = 1016110220, so with 7 partitions the key lands in 1016110220 % 7 = 6 and with 4 in
-    partition 0. ``tests/test_hashing.py`` pins a table of such values."""
+    partition 0. ``tests/core/test_hashing.py`` pins a table of such values."""
     return _crc(key.encode()) % partition_count

@@ -1,6 +1,7 @@
-"""Unkeyed partitioners (rules S2, S20-S22; seed 002, Kafka KIP-794).
+"""Unkeyed partitioners (rules `unkeyed-partitioner`, `sticky`, `adaptive` and `availability-timeout`;
+Kafka's KIP-794).
 
-A keyed message always goes to ``crc32c(key) % n`` (S1); these objects only decide where an
+A keyed message always goes to ``crc32c(key) % n`` (rule `key-hash`); these objects only decide where an
 *unkeyed* message goes. They are pure: no I/O, no clock, no global randomness. Randomness comes
 in as a ``random.Random`` instance, time as a float, and the broker's view of partition load as a
 ``PartitionLoad``. The same seed and the same calls give the same choices.
@@ -69,7 +70,7 @@ class RandomPartitioner:
 
 
 def adaptive_weights(backlog: Sequence[int], candidates: Sequence[int]) -> list[float]:
-    """Relative probability of each candidate partition in an adaptive switch (S21).
+    """Relative probability of each candidate partition in an adaptive switch (rule `adaptive`).
 
     The probability of choosing ``p`` is proportional to ``1 / (backlog[p] + 1)``: the inverse of
     the backlog, shifted by one so that an empty partition has a finite weight, and the largest.
@@ -116,8 +117,8 @@ class StickyPartitioner:
     partitions are never chosen while any partition is available; if all are unavailable, all are
     candidates. A partition becomes available again as soon as it drains (backlog 0) or its flow
     accepts a message. If the current stint's partition becomes unavailable while another is
-    available, the stint ends at once and the message goes to a new one (S22: "skipped until it
-    drains"; Kafka only re-checks at the next switch).
+    available, the stint ends at once and the message goes to a new one (rule
+    `availability-timeout`: "skipped until it drains"; Kafka only re-checks at the next switch).
 
     Scaling: when ``n`` differs from the previous call, the partitioner restarts (no current
     stint, empty ledger), so a partition ``>= n`` is never returned.

@@ -1,4 +1,5 @@
-"""Rebalance dry-run (S38): what the rebalancer would do, worked out on a copy of its state.
+"""Rebalance dry-run (rule `rebalance-dry-run`): what the rebalancer would do, worked out on a copy
+of its state.
 
 Pure, like the rebalancer it drives: the caller gives the stored core state (``Rebalancer.to_dict``)
 and per-partition counts; nothing is read or written. The copy is put through the change asked
@@ -8,7 +9,7 @@ happened to each partition on the way:
 
 * ``assign``: owned by nobody, given to a flow at once (no handoff: nothing was delivered);
 * ``handoff``: paused, with its unacked messages, until its owner acks them (at most
-  ``max_handoff_time``), then moved (S12, S13);
+  ``max_handoff_time``), then moved (rules `handoff` and `handoff-isolation`);
 * ``move``: moved at once, with no pause, because its owner is gone or ``max_handoff_time`` is
   0: its unacked messages are redelivered to the new owner from the ack floor;
 * ``unassign``: no flow left for it.

@@ -1,4 +1,6 @@
-"""The pure partition-assignment state machine of one queue (seeds 003, 000, 004; rules S4-S17).
+"""The pure partition-assignment state machine of one queue: the rules of docs/rules.md from
+`one-flow-per-partition` to `named-flows` (Solace's partition rebalancing, handoff and message
+distribution documents).
 
 Events in, actions out, time as a number: no threads, no I/O, no clock, no randomness. The broker
 feeds it ``bind``, ``unbind``, ``acked``, ``tick`` and ``partition_count_changed`` and carries out
@@ -6,19 +8,23 @@ the actions it returns; the hypothesis state machine in ``tests/`` drives it the
 
 Vocabulary
 * A *flow* is a bound consumer. A flow holding partitions is *active*; a bound flow holding none
-  is a *standby* (S11). An unbound flow that still holds partitions during the rebalance delay is
-  a *ghost*: its partitions are Unbound until it returns (S15, S17) or the delay ends.
-* A *handoff* (S12) moves one partition from its owner (the source) to another flow: the
+  is a *standby* (rule `standby-flows`). An unbound flow that still holds partitions during the
+  rebalance delay is a *ghost*: its partitions are Unbound until it returns (rules `bind-hint`,
+  `named-flows`) or the delay ends.
+* A *handoff* (rule `handoff`) moves one partition from its owner (the source) to another flow: the
   partition is paused, then reassigned once the broker reports the source has nothing
   outstanding from it (``acked(p, 0)``) or ``max_handoff_time`` has passed.
 
-Choices where the seeds are silent (written down in docs/behaviour.md):
+Choices where Solace's documents are silent (written down in docs/behaviour.md):
 * Partitions owned by nobody (a new queue, or every consumer gone for longer than the delay)
   are given to the first flows that bind at once: nothing moves, so there is nothing to hold.
 * The holddown deadline runs from the *first* trigger and is not pushed back by later ones
-  (seed 003: "the maximum delay between the first and last consumer instance change").
-* All handoffs the algorithm plans start together; each pauses only its own partition (S13).
-* The partition handed off is the donor's highest-numbered one (seed 000 moves partition 1).
+  (Solace's partition rebalancing document: "the maximum delay between the first and last
+  consumer instance change").
+* All handoffs the algorithm plans start together; each pauses only its own partition (rule
+  `handoff-isolation`).
+* The partition handed off is the donor's highest-numbered one (Solace's handoff example moves
+  partition 1).
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from dataclasses import dataclass, field
 
 from partq.states import PartitionState, RebalanceState
 
-# Partition statuses (S5), rebalancing statuses (S10).
+# Partition statuses (rule `partition-status`), rebalancing statuses (rule `rebalance-status`).
 UNASSIGNED, READY, PAUSED, UNBOUND = (PartitionState.UNASSIGNED, PartitionState.READY,
                                       PartitionState.PAUSED, PartitionState.UNBOUND)
 HOLDDOWN, REBALANCING = RebalanceState.HOLDDOWN, RebalanceState.REBALANCING
@@ -96,7 +102,7 @@ class Rebalancer:
         self.max_handoff_time = max_handoff_time
         self.flows: dict[str, FlowInfo] = {}
         self.owner: list[str | None] = [None] * partitions
-        # Fencing (S33): a partition's epoch goes up each time its owner changes, so an ack
+        # Fencing (rule `fencing`): a partition's epoch goes up each time its owner changes, so an ack
         # made under an earlier assignment can be told apart even by the same flow.
         self.epoch: list[int] = [0] * partitions
         self.handoffs: dict[int, Handoff] = {}
@@ -138,8 +144,10 @@ class Rebalancer:
     def bind(self, flow_id: str, now: float, name: str | None = None,
              hint: Iterable[int] | None = None) -> list[Action]:
         """A consumer binds. A named consumer, or one presenting its previous partition set, that
-        finds its ghost during the delay takes the ghost's partitions back unchanged (S15, S17)."""
-        out: list[Action] = self.tick(now)   # a delay that ended before this bind has ended (S16)
+        finds its ghost during the delay takes the ghost's partitions back unchanged (rules
+        `bind-hint`, `named-flows`)."""
+        # a delay that ended before this bind has ended (rule `stale-hint`)
+        out: list[Action] = self.tick(now)
         ghost = self._matching_ghost(name, None if hint is None else set(hint))
         if ghost is not None:
             del self.flows[ghost.flow_id]
@@ -158,12 +166,12 @@ class Rebalancer:
         return out
 
     def unbind(self, flow_id: str, now: float) -> list[Action]:
-        """A consumer unbinds or disconnects (the seed makes no distinction)."""
+        """A consumer unbinds or disconnects (rule `liveness` makes no distinction)."""
         info = self.flows.get(flow_id)
         if info is None or not info.bound:
             return []
         out: list[Action] = self.tick(now)
-        excess = len(self.bound_flows()) > self.n   # S7: are there excess consumers?
+        excess = len(self.bound_flows()) > self.n   # rule `rebalance-triggers`: excess consumers?
         # Handoffs into this flow go back to their sources (and are planned again below);
         # handoffs out of it complete now, since a flow that is gone has nothing to acknowledge.
         replan = False
@@ -207,7 +215,7 @@ class Rebalancer:
         return out
 
     def partition_count_changed(self, n: int, now: float) -> list[Action]:
-        """Scaling finished (S18): drop or add partitions and rebalance at once, no holddown."""
+        """Scaling finished (rule `scaling`): drop or add partitions and rebalance at once, no holddown."""
         out: list[Action] = []
         for p in range(n, self.n):
             self.handoffs.pop(p, None)
@@ -223,7 +231,7 @@ class Rebalancer:
         return out + self._rebalance(now)
 
     def drop_all(self) -> list[Action]:
-        """Every flow is unbound (queue type change, S19); partitions become Unassigned."""
+        """Every flow is unbound (queue type change, rule `ingress-egress`); partitions become Unassigned."""
         out: list[Action] = []
         self.handoffs.clear()
         for p, owner in enumerate(self.owner):
@@ -264,7 +272,7 @@ class Rebalancer:
 
     def _settle_or_run(self, now: float) -> list[Action]:
         """After a bind or unbind: a zero delay rebalances now; a consumer set that is back to
-        a settled state ends the holddown with nothing moved (S8)."""
+        a settled state ends the holddown with nothing moved (rule `rebalance-delay`)."""
         if self.holddown_deadline is None:
             return []
         if self.rebalance_delay <= 0 or self.holddown_deadline <= now:
@@ -329,7 +337,8 @@ class Rebalancer:
         return counts
 
     def _assign_unowned(self, now: float) -> list[Action]:
-        """Seed step 2: partitions owned by nobody go to the flows with fewest, immediately."""
+        """Step 2 of rule `rebalance-algorithm`: partitions owned by nobody go to the flows with fewest,
+        immediately."""
         flows = self._balance_set()
         if not flows:
             return []
@@ -344,7 +353,8 @@ class Rebalancer:
         return out
 
     def _plan_moves(self) -> list[tuple[int, str, str]]:
-        """Seed steps 4-5 on paper: (partition, donor, recipient) moves until balanced (S6)."""
+        """Steps 4-5 of rule `rebalance-algorithm` on paper: (partition, donor, recipient) moves until
+        balanced (rule `balanced`)."""
         flows = self._balance_set()
         if len(flows) < 2:
             return []
@@ -392,8 +402,8 @@ class Rebalancer:
                     heapq.heappush(donors, entry)
 
     def _rebalance(self, now: float) -> list[Action]:
-        """The seed's algorithm: drop ghosts, map unowned partitions to the flows with fewest,
-        then start one handoff per partition that must move."""
+        """The algorithm of rule `rebalance-algorithm`: drop ghosts, map unowned partitions to the flows
+        with fewest, then start one handoff per partition that must move."""
         out: list[Action] = []
         for f in [f for f in self.flows.values() if not f.bound]:
             for p in sorted(f.partitions):
@@ -431,7 +441,8 @@ class Rebalancer:
                  now: float) -> Rebalancer:
         """The state after a broker restart: every flow of the previous run is a ghost holding
         what it held (a handoff in progress stays with its source, whose consumer still counts it
-        in its hint), and the holddown runs from ``now`` so consumers can come back (S17)."""
+        in its hint), and the holddown runs from ``now`` so consumers can come back (rule
+        `named-flows`)."""
         core = cls(state["n"], rebalance_delay, max_handoff_time)
         core._next_order = state["next_order"]
         core.epoch = list(state.get("epochs", core.epoch))

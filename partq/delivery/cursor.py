@@ -1,6 +1,6 @@
 """The delivery cursor of one partition: where delivery stands in its log, and the loop that
 takes messages from it. Used by the runtime of the process that owns a queue's delivery and by
-a process that delivers partitions the owner assigned to its flows (``follower``).
+a process that delivers partitions the owner assigned to its flows (``peers.peer_delivery``).
 
 Per partition a cursor keeps:
 * ``next``: the next sequence to look at for delivery;
@@ -40,19 +40,32 @@ class Cursor:
         self.redeliver_upto = ack.delivered_mark
         self.high = ack.floor - 1
         self.error: CorruptRecord | None = None
-        self.epoch = epoch        # the assignment epoch it delivers under (a follower's cursor)
+        self.epoch = epoch        # the assignment epoch it delivers under (a peer's cursor)
         self.stale = False        # its ack mirror may lag: another process delivered it since
         self.remote_held = False  # a flow of another process holds it (the owner's cursor)
         self.held_by: int | None = None   # the old partition its next message waits for
 
-    def refresh(self, ack) -> None:
+    def refresh(self, ack, settled: bool = True) -> None:
         """Take the durable ack state again (the partition was delivered by another process,
         which acked and marked there): nothing acked is delivered again, and what that process
-        may have delivered comes back marked redelivered."""
+        may have delivered comes back marked redelivered. ``ack`` (read from a snapshot) is
+        merged with this cursor's own state, whose acks may not have committed yet: acks only
+        ever add up. ``settled``: the snapshot already holds the assignment that fences the
+        other process (``QueueDelivery._fenced``), so no ack of it can commit after it; until
+        then the cursor stays stale."""
+        mine = self.ack
+        floor = max(mine.floor, ack.floor)
+        above = {s for s in mine.above if s >= floor} | {s for s in ack.above if s >= floor}
+        while floor in above:
+            above.discard(floor)
+            floor += 1
+        ack.floor, ack.above = floor, above
+        ack.delivered_mark = max(mine.delivered_mark, ack.delivered_mark)
         self.ack = ack
-        self.next = max(self.next, ack.floor)
+        self.next = max(self.next, floor)
         self.redeliver_upto = max(self.redeliver_upto, ack.delivered_mark)
-        self.stale = False
+        if settled:
+            self.stale = False
 
     def take(self, reader, qid: int, queue: str, flow, want: int, out: list[Message],
              skipped: dict[int, list[int]], hold=None) -> None:
@@ -128,7 +141,7 @@ class Cursor:
 
 def mark_ops(qid: int, marks: dict[int, tuple[int, int]], seen: dict[int, int]) -> list:
     """Write each delivered mark ``(old, new)``, and note in ``seen[partition]`` a stored mark
-    above ``old``: another process (a follower whose assignment read was older, or the owner
+    above ``old``: another process (a peer whose assignment read was older, or the owner
     taking a partition back) delivered those messages since this one's snapshot, so this
     process's copies of them are redeliveries (``flag_redelivered``). Never a false negative."""
     def op(w, p: int, old: int, new: int) -> None:

@@ -20,26 +20,27 @@ Threads and locks
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
 from partq.delivery.flow_state import FlowState
 from partq.delivery.local_endpoint import LocalEndpoint
 from partq.delivery.lock import DeliveryLock
-from partq.delivery.peers.link import REQUEST_TIMEOUT, OwnerLost
+from partq.delivery.peers.link import REQUEST_TIMEOUT
 from partq.delivery.peers.owner_channel import ControlServer, query_view
 from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
 from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
-from partq.errors import DeliveryLocked, InvalidConfig, PartqError, QueueNotFound
+from partq.errors import DeliveryLocked, InvalidConfig, OwnerLost, PartqError, QueueNotFound
+from partq.flow import FlowEndpoint
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import WriteHandle
 from partq.storage import crashpoints
 from partq.storage.encoding import decode_meta
 
@@ -57,7 +58,7 @@ class Dispatcher:
         self._runtimes: dict[str, QueueDelivery] = {}
         self._locks: dict[str, DeliveryLock] = {}
         self._servers: dict[str, ControlServer] = {}      # serving other processes' flows
-        self._followers: dict[str, PeerQueue] = {}    # flows of queues others deliver
+        self._peer_queues: dict[str, PeerQueue] = {}    # flows of queues others deliver
         self._changed = threading.Condition()
         self._generation = 0
         self._config_version = -1          # store version when configs were last compared
@@ -81,21 +82,21 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ binding
     def bind(self, queue: str, name: str | None, hint: list[int] | None,
-             skip_corrupt: bool):
+             skip_corrupt: bool) -> FlowEndpoint:
         """Bind a flow: in this process when it owns (or can take) the queue's delivery, else
-        through the owner's control channel (``follower``). Returns the flow's endpoint."""
+        through the owner's control channel (``peers.peer_delivery``). Returns the flow's endpoint."""
         deadline = time.monotonic() + REQUEST_TIMEOUT
         delay = FAILOVER_BACKOFF[0]
         while True:
             with self._lock:
-                follower = self._followers.get(queue)
-            if follower is None:
+                peer_queue = self._peer_queues.get(queue)
+            if peer_queue is None:
                 try:
                     return self.bind_local(queue, name, hint, skip_corrupt)
                 except DeliveryLocked:
-                    follower = self._follower(queue)
+                    peer_queue = self._peer_queue(queue)
             try:
-                return follower.bind(name, hint, skip_corrupt)
+                return peer_queue.bind(name, hint, skip_corrupt)
             except OwnerLost:
                 # the owner died under the bind: this process's failover takes delivery over
                 # or follows the new owner; bind again once it has
@@ -127,7 +128,7 @@ class Dispatcher:
         self._commit_and_notify(fut)
         return qd
 
-    def _follower(self, queue: str) -> PeerQueue:
+    def _peer_queue(self, queue: str) -> PeerQueue:
         """This process's group of flows of ``queue`` delivered by another process (connects to
         the owner's control socket on first use)."""
         with self.store.read() as r:
@@ -137,18 +138,18 @@ class Dispatcher:
                                 f"(or `partq queue create {queue}`)")
         group = PeerQueue(self, queue, raw["qid"])
         with self._lock:
-            existing = self._followers.get(queue)
+            existing = self._peer_queues.get(queue)
             if existing is None:
-                self._followers[queue] = group
+                self._peer_queues[queue] = group
                 return group
         group.close()
         return existing
 
-    def forget_follower(self, queue: str, group: PeerQueue) -> None:
+    def forget_peer_queue(self, queue: str, group: PeerQueue) -> None:
         """``group``'s flows now live in this process's own runtime (it took delivery over)."""
         with self._lock:
-            if self._followers.get(queue) is group:
-                del self._followers[queue]
+            if self._peer_queues.get(queue) is group:
+                del self._peer_queues[queue]
 
     def take_over(self, queue: str) -> bool:
         """Take the queue's delivery if no other process holds it (the owner died or closed);
@@ -198,7 +199,7 @@ class Dispatcher:
 
     def unbind_peer(self, queue: str, flow_id: str) -> None:
         """A flow of another process leaves (it unbound, or its process disconnected or went
-        quiet: seed 004 makes no difference)."""
+        quiet: rule `liveness` makes no difference)."""
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
@@ -263,11 +264,11 @@ class Dispatcher:
                     state.close(reason)
             lock = self._locks.pop(queue, None)
             server = self._servers.pop(queue, None)
-            follower = self._followers.pop(queue, None)
+            peer_queue = self._peer_queues.pop(queue, None)
         if server is not None:
             server.stop()
-        if follower is not None:
-            follower.close()
+        if peer_queue is not None:
+            peer_queue.close()
         self.notify()
         return lock
 
@@ -280,15 +281,11 @@ class Dispatcher:
             self.tally.delivered(qd.name, msgs)
         return msgs if msgs is not None else []
 
-    def wait_for_messages(self, collect, max_messages: int, timeout: float) -> list[Message] | None:
+    def wait_for_messages(self, collect: Callable[[int], list[Message] | None], max_messages: int,
+                          timeout: float) -> list[Message] | None:
         """Call ``collect(max_messages)`` until it returns messages (or None: the caller's flow
         moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
         could make a message deliverable."""
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-            raise InvalidConfig(f"max_messages must be an integer >= 1, not {max_messages!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                or not math.isfinite(timeout) or timeout < 0:
-            raise InvalidConfig(f"timeout must be a finite number of seconds >= 0, not {timeout!r}")
         self.store.check_usable()
         deadline = time.monotonic() + timeout
         looked_at = None     # (generation, store version) when the logs last had nothing
@@ -333,7 +330,8 @@ class Dispatcher:
                     msgs = qd.flag_concurrent(msgs, seen)
         return msgs
 
-    def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message]):
+    def ack_async(self, qd: QueueDelivery, state: FlowState,
+                  msgs: Iterable[Message]) -> WriteHandle | None:
         with self._lock:
             with self.store.read() as r:
                 fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
@@ -342,7 +340,8 @@ class Dispatcher:
         self.notify()     # credit came back; a paused partition may have drained
         return fut
 
-    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int, seq: int):
+    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
+                    seq: int) -> WriteHandle | None:
         with self._lock:
             with self.store.read() as r:
                 fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
@@ -375,7 +374,7 @@ class Dispatcher:
             return out
 
     # ------------------------------------------------------------------ writes and wake-ups
-    def _submit(self, ops: list):
+    def _submit(self, ops: list) -> WriteHandle | None:
         """Queue ``ops`` as one write (call under the lock to keep their order)."""
         if not ops:
             return None
@@ -471,8 +470,8 @@ class Dispatcher:
         self.store.remove_commit_hook(self._on_commit)
         with self._lock:
             servers, self._servers = list(self._servers.values()), {}
-            followers, self._followers = list(self._followers.values()), {}
-        for group in followers:
+            peer_queues, self._peer_queues = list(self._peer_queues.values()), {}
+        for group in peer_queues:
             group.close()
         for server in servers:        # before the locks go: clients then fail over
             server.stop()

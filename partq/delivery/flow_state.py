@@ -1,17 +1,13 @@
 """One bound flow as its queue's runtime keeps it (``FlowState``), how the owner reaches a flow
-of another process (``PeerSink``), and the errors of acks a flow may not make."""
+of another process (``PeerSink``), and the ``FlowFenced`` errors of acks a flow may not make."""
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from partq.errors import CorruptRecord, FlowFenced, PartqError
+from partq.errors import CorruptRecord, FlowFenced
 from partq.message import FlowChangeUpdate, Message
-
-
-class InvalidAck(PartqError, ValueError):
-    """An ack or nack names a message this queue never delivered."""
 
 
 def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced:
@@ -52,7 +48,7 @@ class FlowState:
         self.closed_reason: str | None = None             # set once it is unbound
         self.events: deque[FlowChangeUpdate] = deque()
         self.on_change: Callable[[FlowChangeUpdate], None] | None = None
-        # A flow delivered by another process (``follower``): that process reads and acks its
+        # A flow delivered by another process (``peers.peer_delivery``): that process reads and acks its
         # partitions itself and reports what it holds unacked per slot; the owner tells it of
         # changes through ``remote``.
         self.remote = remote

@@ -1,11 +1,11 @@
-"""Online scaling keeps per-key order (S37): the cut-over record and the holds it implies.
+"""Online scaling keeps per-key order (rule `online-scaling`): the cut-over record and the holds it implies.
 
 A partition count change moves keys: after it, key k goes to ``crc32c(k) % new`` where its
 earlier messages sit in ``crc32c(k) % old``. An online scaling (ingress on) records, in the same
 commit that switches the key mapping, each old partition's last sequence: the *cut-over*. Then
 a message published after the cut-over whose key belonged to old partition p (and now lives in
 another partition) is not delivered until p has been acked up to its cut-over sequence, or p was
-removed by a scale-down (its messages are gone, as the seed says). Keys whose old partition has
+removed by a scale-down (its messages are gone, as rule `scaling` says). Keys whose old partition has
 drained flow at once; unkeyed messages are never held. A held message stops its partition there
 (the partition's order is kept), so the hold is visible as that partition's status.
 

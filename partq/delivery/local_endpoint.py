@@ -1,54 +1,78 @@
 """The endpoint of a flow bound in the process that runs its queue's delivery: what ``Flow``
-calls, bound to that flow's runtime and state in the dispatcher."""
+calls, bound to that flow's runtime and state in the delivery of this process (the
+``Dispatcher``, which it knows only as the ``FlowDelivery`` it declares here)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
+from partq.delivery.flow_state import FlowState
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import WriteHandle
 
 if TYPE_CHECKING:
-    from partq.delivery.dispatcher import Dispatcher
-    from partq.delivery.flow_state import FlowState
     from partq.delivery.queue_delivery import QueueDelivery
 
 
+class FlowDelivery(Protocol):
+    """What a ``LocalEndpoint`` calls in the delivery that owns its flow (``Dispatcher``): each
+    takes the flow's queue runtime and state, under the delivery's lock, and raises what the
+    matching ``FlowEndpoint`` method documents."""
+
+    def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
+                timeout: float) -> list[Message]: ...
+
+    def ack_async(self, qd: QueueDelivery, state: FlowState,
+                  msgs: Iterable[Message]) -> WriteHandle | None: ...
+
+    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
+                    seq: int) -> WriteHandle | None: ...
+
+    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
+
+    def unbind(self, qd: QueueDelivery, state: FlowState) -> None: ...
+
+    def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]: ...
+
+    def events(self, state: FlowState) -> list[FlowChangeUpdate]: ...
+
+
 class LocalEndpoint:
-    """A flow's endpoint in the process that runs its queue's delivery: ``Flow`` calls these;
-    a remote flow's endpoint offers the same methods over a connection."""
+    """A flow's endpoint in the process that runs its queue's delivery: the ``FlowEndpoint``
+    its ``Flow`` calls (``partq.flow`` documents each method)."""
 
-    __slots__ = ("_dispatcher", "_qd", "_state")
+    __slots__ = ("_delivery", "_qd", "_state")
 
-    def __init__(self, dispatcher: Dispatcher, qd: QueueDelivery, state: FlowState) -> None:
-        self._dispatcher, self._qd, self._state = dispatcher, qd, state
+    def __init__(self, delivery: FlowDelivery, qd: QueueDelivery, state: FlowState) -> None:
+        self._delivery, self._qd, self._state = delivery, qd, state
 
     @property
     def flow_id(self) -> str:
         return self._state.flow_id
 
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
-        return self._dispatcher.receive(self._qd, self._state, max_messages, timeout)
+        return self._delivery.receive(self._qd, self._state, max_messages, timeout)
 
-    def ack_async(self, msgs: Iterable[Message]):
-        return self._dispatcher.ack_async(self._qd, self._state, msgs)
+    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
+        return self._delivery.ack_async(self._qd, self._state, msgs)
 
-    def ack_through(self, partition: int, seq: int):
-        return self._dispatcher.ack_through(self._qd, self._state, partition, seq)
+    def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
+        return self._delivery.ack_through(self._qd, self._state, partition, seq)
 
     def nack(self, msg: Message) -> None:
-        self._dispatcher.nack(self._qd, self._state, msg)
+        self._delivery.nack(self._qd, self._state, msg)
 
     def unbind(self) -> None:
-        self._dispatcher.unbind(self._qd, self._state)
+        self._delivery.unbind(self._qd, self._state)
 
     def partitions(self) -> frozenset[int]:
-        return self._dispatcher.partitions(self._qd, self._state)
+        return self._delivery.partitions(self._qd, self._state)
 
     def events(self) -> list[FlowChangeUpdate]:
-        return self._dispatcher.events(self._state)
+        return self._delivery.events(self._state)
 
     def unacked(self) -> int:
-        return self._state.inflight
+        return 0 if self._state.closed else self._state.inflight
 
     def closed(self) -> bool:
         return self._state.closed
@@ -56,5 +80,5 @@ class LocalEndpoint:
     def closed_reason(self) -> str | None:
         return self._state.closed_reason
 
-    def on_change(self, callback) -> None:
+    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
         self._state.on_change = callback

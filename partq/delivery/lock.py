@@ -15,18 +15,10 @@ import os
 import socket
 import time
 
-from partq.errors import DeliveryLocked, PartqError
+from partq.errors import DeliveryLocked, LockHeld, PartqError
 
 LOCK_DIR = "delivery-locks"
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class LockHeld(PartqError):
-    """The lock is held by another process (its text says which)."""
-
-    def __init__(self, holder: str) -> None:
-        self.holder = holder
-        super().__init__(f"held by {holder}")
 
 
 class OwnerLock:

@@ -9,9 +9,9 @@ state changed, ``Moves.observe`` compares the core's assignment with the one it 
 
 Vocabulary of the log lines and counts
 * A *rebalance* is one decision that moves partitions between flows or starts handoffs (a
-  holddown that ends with the consumers as before, S8, moves nothing and is no rebalance; nor is
-  a consumer that comes back within the delay and keeps its partitions, S15). Its duration runs
-  from the decision until the last handoff it started ended (0 when nothing had to wait).
+  holddown that ends with the consumers as before, rule `rebalance-delay`, moves nothing and is no rebalance;
+  nor is a consumer that comes back within the delay and keeps its partitions, rule `bind-hint`). Its duration
+  runs from the decision until the last handoff it started ended (0 when nothing had to wait).
 * A handoff ends ``acked`` (its source acked or nacked everything it held), ``timed_out``
   (``max_handoff_time`` passed: what the source held is redelivered to the target),
   ``source_left`` (the source unbound or disconnected), or ``cancelled`` (the target left,
@@ -196,7 +196,8 @@ class Moves:
             elif old is None:
                 moves.append(f"{part(p)} -> {who(new)}")
             elif new in joined and not self._flows.get(old, (None, True))[1]:
-                kept.setdefault(new, []).append(part(p))     # a ghost came back (S15, S17)
+                # a ghost came back (rules `bind-hint` and `named-flows`)
+                kept.setdefault(new, []).append(part(p))
             elif flows.get(old, (None, False))[1] and core.max_handoff_time > 0:
                 # a handoff that completed within the decision: its source held nothing
                 moves.append(f"{part(p)} {who(old)} -> {who(new)} (handed off, nothing unacked)")

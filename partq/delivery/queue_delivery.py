@@ -22,13 +22,13 @@ from collections.abc import Callable
 from partq.config import QueueConfig
 from partq.core.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
 from partq.delivery.cursor import Cursor, flag_redelivered, mark_ops
-from partq.delivery.flow_state import FlowState, InvalidAck, fenced_error, fenced_range
+from partq.delivery.flow_state import FlowState, fenced_error, fenced_range
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.layout import ack_parent_log, delivery_layout, describe_mode
 from partq.delivery.moves import Moves
-from partq.delivery.saved_state import DeliveryView, decode_state, encode_state, view_of
+from partq.delivery.saved_state import Assignment, DeliveryView, decode_state, encode_state, view_of
 from partq.delivery.tally import Tally
-from partq.errors import FlowClosed
+from partq.errors import FlowClosed, InvalidAck
 from partq.message import FlowChangeUpdate, Message
 from partq.storage import crashpoints
 from partq.storage.encoding import PARENT
@@ -66,7 +66,7 @@ class QueueDelivery:
         self.moves = Moves(self.name, self.qid, self.core, tally or Tally(), now)   # logs, counts
         # writes from construction, submitted with the first bind
         if self.core.n != len(index):
-            # scaled while no process ran delivery: rebalance at once, as scaling does (S18)
+            # scaled while no process ran delivery: rebalance at once, as scaling does (rule `scaling`)
             self.pending_ops = self._run(self.core.partition_count_changed(len(index), now), now)
         else:
             self.pending_ops = self._state_ops(now)
@@ -94,8 +94,8 @@ class QueueDelivery:
 
     def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
         """The stored config changed (here or in another process): take the new settings; on a
-        new partition count rebalance at once (S7, S18); on a change between partitioned and
-        non-partitioned unbind every flow, telling it why (S19, seed 001)."""
+        new partition count rebalance at once (rules `rebalance-triggers` and `scaling`); on a change between
+        partitioned and non-partitioned unbind every flow, telling it why (rule `ingress-egress`)."""
         old = self.config
         self.config, self.config_raw = config, raw
         self.cutover = read_cutover(reader, self.qid)   # written with the count it switched
@@ -230,6 +230,17 @@ class QueueDelivery:
         self._forget_inflight(ps)
         ps.rewind()
 
+    def _fenced(self, reader, slot: int) -> bool:
+        """Whether snapshot ``reader`` already holds ``slot``'s assignment as this runtime has it
+        (its owner and epoch). A flow of another process acks in a write that reads the stored
+        assignment first (``PeerQueue.ack``), so once the move away from it is stored none of
+        its acks can commit any more, and those that did are in every later snapshot. Until
+        then (the move is in memory and its commit queued: a receive that ran the rebalance
+        timer reads before that commit) the partition's ack state may still grow elsewhere."""
+        stored = Assignment(self.config, reader.state(self.qid))
+        return slot < len(stored.epoch) and stored.epoch[slot] == self.core.epoch[slot] \
+            and stored.owner[slot] == self.core.owner[slot]
+
     def view(self, this_process: str | None = None) -> DeliveryView:
         """Statuses, owners, unacked counts and errors as they are now. A partition a flow of
         another process holds shows what that process last reported unacked."""
@@ -293,6 +304,8 @@ class QueueDelivery:
                 continue
             ps = self.parts[slot]
             if ps.stale:
+                if not self._fenced(reader, slot):
+                    continue    # its old holder may still ack: once the move is stored
                 ps.refresh(reader.ack_state(qid, ps.sp))
             ps.take(reader, qid, name, flow, want, out, skipped,
                     holds.gate(ps.sp) if holds is not None else None)
@@ -337,7 +350,7 @@ class QueueDelivery:
         return flag_redelivered(msgs, seen)
 
     def ack(self, flow, msgs, now: float, reader) -> list:
-        """Apply acks in memory and return the writes. Fencing (S33): an ack of a message of a
+        """Apply acks in memory and return the writes. Fencing (rule `fencing`): an ack of a message of a
         partition the flow no longer holds (it moved to another flow after a handoff timed out,
         or the flow left) changes nothing and raises ``FlowFenced``; the message belongs to the
         partition's current flow, which gets it redelivered. A batch is taken whole or not at
@@ -364,7 +377,8 @@ class QueueDelivery:
                 continue
             ps = self.parts[slot]
             if ps.stale or m.seq > ps.ack.delivered_mark:
-                ps.refresh(reader.ack_state(self.qid, ps.sp))
+                ps.refresh(reader.ack_state(self.qid, ps.sp),
+                           not ps.stale or self._fenced(reader, slot))
             if m.seq > ps.ack.delivered_mark:
                 raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
             if not ps.ack.is_acked(m.seq):
@@ -399,7 +413,7 @@ class QueueDelivery:
             raise fenced_range(self.name, flow, sp, seq)
         ps = self.parts[slot]
         if ps.stale:
-            ps.refresh(reader.ack_state(self.qid, sp))
+            ps.refresh(reader.ack_state(self.qid, sp), self._fenced(reader, slot))
         head = reader.head(self.qid, sp)
         seq = min(seq, head - 1)
         if seq < ps.ack.floor:
@@ -420,8 +434,8 @@ class QueueDelivery:
 
     def nack(self, flow, msg: Message, now: float) -> list:
         """Give ``msg`` back: it and every later in-flight message of its partition are delivered
-        again, in order, marked redelivered (S3 holds across nacks). A nack during a handoff
-        counts like an ack towards it: the old flow no longer holds the message. Returns the
+        again, in order, marked redelivered (rule `partition-order` holds across nacks). A nack during a
+        handoff counts like an ack towards it: the old flow no longer holds the message. Returns the
         writes to submit."""
         if msg.queue != self.name:
             raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.name!r}")

@@ -1,6 +1,6 @@
 """The delivery state a queue's owner persists (one codec), and the view of it that status shows.
 
-The owner writes the blob with every change of assignment, in the same commit (S17): the pure
+The owner writes the blob with every change of assignment, in the same commit (rule `named-flows`): the pure
 core's state, the delivery mode it belongs to, and the statuses it computed. Any process reads it
 back: a new owner restores the core from it, and ``queue_status`` shows it from a process that
 does not run delivery.
@@ -19,6 +19,7 @@ import msgpack
 from partq.core.rebalancer import Rebalancer
 from partq.errors import CorruptStore
 from partq.states import PartitionState, RebalanceState
+from partq.status import FlowStatus
 
 
 @dataclass(frozen=True)
@@ -62,24 +63,12 @@ class SlotView:
 
 
 @dataclass(frozen=True)
-class FlowView:
-    flow_id: str
-    name: str | None
-    bound: bool
-    active: bool                # holds partitions (a standby does not)
-    partitions: list[int]       # storage partitions, sorted
-    client: str | None = None           # "pid P on HOST" of the process the flow lives in
-    connected_at: float | None = None   # wall time its process connected (another process)
-    heartbeat_age: float | None = None  # seconds since its process was last heard from
-
-
-@dataclass(frozen=True)
 class DeliveryView:
     """Statuses, owners and flows of one queue's delivery, live or as last stored."""
     mode: str
     rebalance_status: str
     slots: list[SlotView]
-    flows: list[FlowView]
+    flows: list[FlowStatus]
 
 
 def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
@@ -87,7 +76,7 @@ def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
     of other processes (``clients``: flow id -> client, since, heartbeat_age)."""
     doc = dataclasses.asdict(view)
     for flow in doc["flows"]:
-        info = clients.get(flow["flow_id"])
+        info = clients.get(flow["flow"])
         if info is not None:
             flow.update(client=info["client"], connected_at=info["since"],
                         heartbeat_age=info["heartbeat_age"])
@@ -97,7 +86,7 @@ def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
 def doc_to_view(doc: dict) -> DeliveryView:
     return DeliveryView(doc["mode"], doc["rebalance_status"],
                         [SlotView(**slot) for slot in doc["slots"]],
-                        [FlowView(**flow) for flow in doc["flows"]])
+                        [FlowStatus(**flow) for flow in doc["flows"]])
 
 
 def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
@@ -119,9 +108,9 @@ def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
             status = core.partition_status(slot) if slot < core.n else PartitionState.UNASSIGNED
         unacked, error = live(sp)
         slots.append(SlotView(sp, status, owner, info.name if info else None, unacked, error))
-    flows = [FlowView(f.flow_id, f.name, f.bound and bound, bool(f.partitions),
-                      sorted(index[s] for s in f.partitions if s < len(index)),
-                      client(f.flow_id))
+    flows = [FlowStatus(f.flow_id, f.name, f.bound and bound, bool(f.partitions),
+                        sorted(index[s] for s in f.partitions if s < len(index)),
+                        client(f.flow_id))
              for f in sorted(core.flows.values(), key=lambda f: f.order)]
     return DeliveryView(mode, rebalance_status, slots, flows)
 

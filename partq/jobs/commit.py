@@ -1,10 +1,10 @@
-"""Committing and aborting staged jobs (S28): exactly once, in transactions of one batch.
+"""Committing and aborting staged jobs: exactly once (rule `spark-exactly-once`), one batch a transaction.
 
 ``commit_job`` runs in two steps. *Begin*, one short transaction: every accepted attempt's
 staged row count is checked against what its task reported (a difference publishes nothing:
 ``StagedRowsMismatch``), ingress is checked (disabled with reject: ``IngressDisabled``,
-nothing published; disabled without it: the whole job is discarded and counted, S19), and the
-job is marked *committing* with its queue, accepted attempts and progress. From then on no
+nothing published; disabled without it: the whole job is discarded and counted, rule `ingress-egress`), and
+the job is marked *committing* with its queue, accepted attempts and progress. From then on no
 attempt may stage for it. *Slices*: each transaction moves the next chunks of at most
 ``slice_rows`` rows (``SLICE_BYTES``) into the queue, drops them from staging and records how
 far it got, all in that transaction; the last one also drops every other staged row of the job
@@ -14,7 +14,7 @@ slice at most, never for the whole job.
 Chunks staged by partition (see ``partq.jobs.staged``) are appended as they are when the queue still
 has the partition count they were staged for; otherwise (a scale meanwhile, an exclusive queue,
 unkeyed rows) their rows are placed one by one by the count and partitioner the slice's
-transaction sees (S1, S2).
+transaction sees (rules `key-hash` and `unkeyed-partitioner`).
 
 Exactly once across failures: each slice's progress commits with its rows, so a commit that
 stops part way (its process died, ingress was disabled with reject under it, the store filled
@@ -30,12 +30,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from partq.errors import IngressDisabled, InvalidConfig, QueueNotFound
+from partq.errors import IngressDisabled, InvalidConfig, JobAborted, QueueNotFound, StagedRowsMismatch
 from partq.jobs.staged import (
     JOB_PREFIX_WIDTH,
     TAG,
-    JobAborted,
-    StagedRowsMismatch,
     attempt_prefix,
     chunk_at,
     chunk_key,
@@ -56,7 +54,7 @@ SLICE_BYTES = 16 << 20             # ... or fewer, once their staged chunks pass
 class JobCommit:
     """What ``commit_job`` did. ``already_committed``: an earlier commit of this job published
     its rows; this one published nothing. ``discarded``: rows counted and dropped because the
-    queue's ingress was disabled without reject (S19)."""
+    queue's ingress was disabled without reject (rule `ingress-egress`)."""
     job_id: str
     published: int
     discarded: int = 0
@@ -121,7 +119,7 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable,
         config = publisher.config_in(w, queue)
         if not config.ingress_enabled and total:
             # ingress is off: the queue rejects (IngressDisabled, raised here: nothing written,
-            # the job stays open for abort) or discards and counts the whole job (S19);
+            # the job stays open for abort) or discards and counts the whole job (rule `ingress-egress`);
             # place_count appends nothing while ingress is off
             _, discarded = publisher.place_count(w, queue, [(None, b"")] * total)
             w.drop_staged(job_prefix(job_id))

@@ -4,7 +4,7 @@ ack floors and heads, and the stored records of one range, read without binding 
 writing anything.
 
 A range reads back the same records every time while nothing acks inside it: acked records are
-left out (below the ack floor they may be truncated already, S26; above it they are the ones
+left out (below the ack floor they may be truncated already, rule `truncation`; above it they are the ones
 acked out of order), and a record missing for any other reason (its partition was dropped by a
 scale-down, the queue deleted) is an error naming what happened, never a silent gap.
 """
@@ -34,7 +34,7 @@ class LogState:
 @dataclass(frozen=True)
 class QueueLogs:
     """A queue's identity and logs as one read snapshot saw them. ``partitions``: the count keys
-    map to (S1); ``logs``: every partition that exists (a scaling in progress included), then
+    map to (rule `key-hash`); ``logs``: every partition that exists (a scaling in progress included), then
     the parent queue's log (``PARENT``) when it exists. ``gone``: (log, head) of each log asked
     about that no longer exists (a head outlives its log: the sequences it reached)."""
     queue: str

@@ -1,4 +1,4 @@
-"""What staged jobs look like in the store: key layout, chunk format, job markers and errors,
+"""What staged jobs look like in the store: key layout, chunk format and job markers,
 shared by ``partq.jobs.staging`` (the tasks' side) and ``partq.jobs.commit`` (the coordinator's side).
 
 Layout in the ``staging`` database (see ``partq.storage.txn``)::
@@ -9,11 +9,11 @@ Layout in the ``staging`` database (see ``partq.storage.txn``)::
 
 A chunk holds at most one log chunk's worth of rows (``CHUNK_RECORDS`` records, about
 ``CHUNK_BYTES``), already encoded as records. ``partition >= 0``: every row is keyed and belongs
-to that partition of a queue of ``partition_count`` partitions (S1), so a commit that sees the
+to that partition of a queue of ``partition_count`` partitions (rule `key-hash`), so a commit that sees the
 same count appends the records as they are, without decoding one. ``partition == -1``: unkeyed
 rows of a partitioned queue, or any rows of an exclusive one (``partition_count`` 0), placed
-row by row when committed (S2). A commit that must place keyed rows again (the queue was scaled
-meanwhile) reads their keys back from the records.
+row by row when committed (rule `unkeyed-partitioner`). A commit that must place keyed rows again (the queue
+was scaled meanwhile) reads their keys back from the records.
 
 The job marker lives in the ``meta`` database under ``b"staged-job/" || job_id``: msgpack
 ``{"state": "committing" | "committed" | "aborted", ...}``. While ``committing`` it holds the
@@ -26,11 +26,11 @@ import re
 import msgpack
 
 from partq.core.key_hash import crc32c_of
-from partq.errors import CorruptStore, InvalidConfig, PartqError
+from partq.errors import CorruptStore, InvalidConfig
 from partq.storage.encoding import CHUNK_BYTES as LOG_CHUNK_BYTES
 from partq.storage.encoding import CHUNK_RECORDS, pack_u64, record_fields
 
-__all__ = ["JobAborted", "JobFinished", "StagedRowsMismatch", "CHUNK_RECORDS", "LOG_CHUNK_BYTES"]
+__all__ = ["CHUNK_RECORDS", "LOG_CHUNK_BYTES"]
 
 TAG = b"job/"
 JOB_PREFIX_WIDTH = len(TAG) + 32
@@ -43,18 +43,6 @@ _JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = (1 << 64) - 1
 _pack = msgpack.Packer(use_bin_type=True).pack
-
-
-class JobFinished(PartqError):
-    """Staging was refused: the job was already committed or aborted (a late or zombie attempt)."""
-
-
-class JobAborted(PartqError):
-    """``commit_job`` was called for a job that was aborted: its staged rows are gone."""
-
-
-class StagedRowsMismatch(PartqError):
-    """An attempt's staged rows differ from the count its task reported: nothing was published."""
 
 
 # ---------------------------------------------------------------------- keys

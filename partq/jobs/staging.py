@@ -1,4 +1,4 @@
-"""Staged publishing: rows written by many tasks become messages exactly once (S28).
+"""Staged publishing: rows written by many tasks become messages exactly once (rule `spark-exactly-once`).
 
 A *job* (one Spark write, or any batch of cooperating writers) has an id. Each *task attempt*
 stages its rows under its own prefix; nothing staged is visible to consumers. The job's
@@ -18,7 +18,7 @@ disabled under it) is finished by ``resume_commits`` or another ``commit_job`` o
 rows are then all published, once.
 
 Staging does most of the work in the tasks: rows are encoded there, keyed rows placed in their
-partition (S1, by the partition count at staging) and sealed in chunks of one log chunk each,
+partition (rule `key-hash`, by the partition count at staging) and sealed in chunks of one log chunk each,
 so a commit that sees the same count appends them without decoding a record. Chunk layout and
 markers: ``partq.jobs.staged``.
 
@@ -37,7 +37,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 
-from partq.errors import InvalidConfig, QueueNotFound
+from partq.errors import (
+    FrameError,
+    InvalidConfig,
+    JobAborted,
+    JobFinished,
+    QueueNotFound,
+    StagedRowsMismatch,
+)
 from partq.jobs.commit import JobCommit, abort_job, commit_job, resume_commits
 from partq.jobs.staged import (
     ATTEMPT_PREFIX_WIDTH,
@@ -45,9 +52,6 @@ from partq.jobs.staged import (
     LOG_CHUNK_BYTES,
     TAG,
     UNPLACED,
-    JobAborted,
-    JobFinished,
-    StagedRowsMismatch,
     attempt_prefix,
     chunk_rows,
     decode_chunk,
@@ -148,7 +152,7 @@ class Stager:
                 self.flush()
 
     def _place(self, part: list) -> None:
-        """Put rows into the open chunk of their partition (S1; unkeyed ones: UNPLACED), and
+        """Put rows into the open chunk of their partition (rule `key-hash`; unkeyed ones: UNPLACED), and
         seal each chunk that reaches one log chunk's size."""
         count = self._count
         if not count:
@@ -291,7 +295,7 @@ def ensure_queue(broker, queue: str, partitions: int | None, where: str) -> None
 
 def spark_request(broker, frame: dict) -> dict:
     """Answer one request of the Spark source reaching ``broker`` through ``partq serve``
-    (S36a; the client side is ``partq.spark.access``): the fields of the answer, which the
+    (rule `spark-remote`; the client side is ``partq.spark.access``): the fields of the answer, which the
     server sends under the request's ``op`` and ``req``. Reads change nothing; staging and
     commits are the functions above, run on the server, so their guarantees hold there.
 
@@ -307,7 +311,6 @@ def spark_request(broker, frame: dict) -> dict:
     A request with a missing or mistyped field raises ``FrameError`` (the connection ends);
     everything else a ``PartqError``, answered as an error frame."""
     from partq.jobs.log_ranges import queue_logs, read_range
-    from partq.wire.frames import FrameError
 
     op = frame.get("op")
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of an open broker (S39): ``Broker.open(..., metrics_listen="HOST:PORT")``
+"""Prometheus metrics of an open broker (rule `metrics`): ``Broker.open(..., metrics_listen="HOST:PORT")``
 or ``partq serve --metrics-listen HOST:PORT``. ``collector`` reads state and durable counts at
 each scrape, ``instruments`` holds the histograms fed as commits, rebalances and handoffs
 happen, ``endpoint`` serves them over HTTP; ``docs/operations.md`` lists the names."""

@@ -121,11 +121,11 @@ class BrokerCollector(Collector):
             .add_metric(q, int(st.ingress_enabled))
         g("partq_queue_egress_enabled", "1 when messages are delivered", ("queue",)) \
             .add_metric(q, int(st.egress_enabled))
-        states = g("partq_queue_rebalance_status", "1 for the queue's rebalancing status (S10)",
-                   ("queue", "status"))
+        states = g("partq_queue_rebalance_status",
+                   "1 for the queue's rebalancing status (rule `rebalance-status`)", ("queue", "status"))
         for s in REBALANCE_STATES:
             states.add_metric([config.name, s], int(st.rebalance_status == s))
-        states = g("partq_queue_scaling_status", "1 for the queue's scaling status (S18)",
+        states = g("partq_queue_scaling_status", "1 for the queue's scaling status (rule `scaling`)",
                    ("queue", "status"))
         for s in SCALING_STATES:
             states.add_metric([config.name, s], int(st.scaling_status == s))
@@ -157,7 +157,7 @@ class BrokerCollector(Collector):
                     "acked", labels)
         published = fams.counter("partq_partition_published_messages", "Messages published to "
                                  "the partition (its next sequence; durable)", labels)
-        status = g("partq_partition_status", "1 for the partition's status (S5)",
+        status = g("partq_partition_status", "1 for the partition's status (rule `partition-status`)",
                    (*labels, "status"))
         for p in st.partitions:
             pl = [queue, partition_label(p.partition)]

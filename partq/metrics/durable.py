@@ -6,7 +6,7 @@ for the hot paths.
 * acked: published - backlog - removed, where the backlog is what the live logs hold unacked
   and ``removed`` (queue meta, written by ``Writer.drop_partition`` in the commit that drops a
   partition) counts what scale-downs and changes to exclusive deleted unacked;
-* discarded: the publisher's durable counter (S19);
+* discarded: the publisher's durable counter (rule `ingress-egress`);
 * rebalances and handoffs per outcome: written by ``partq.delivery.moves`` in the commit that
   stores the assignment they changed.
 

@@ -1,9 +1,10 @@
 """The HTTP endpoint Prometheus scrapes: ``GET /metrics`` (and ``/``) in the text exposition
 format, from ``prometheus_client``'s own handler over a registry of this broker alone.
 
-Limits, as every partq listener keeps them (S34): it binds only where asked (an empty host is
-127.0.0.1), serves at most ``max_connections`` at once (more are closed at once, with a log
-line), and gives a peer ``timeout`` seconds per read or write. It has no token: metrics are read
+Limits, as every partq listener keeps them: it binds only where asked (an empty host is
+127.0.0.1), serves at most ``max_connections`` at once (a new connection cuts off the oldest,
+with a log line, so slow peers cannot keep a scrape out), and gives each connection ``timeout``
+seconds for its whole request and answer (``partq.wire.admission``). It has no token: metrics are read
 only, but they name queues and consumers, so bind a loopback or private address, or put it
 behind a proxy that authenticates; binding another address logs a warning saying so.
 """
@@ -21,6 +22,7 @@ from prometheus_client.exposition import MetricsHandler
 from partq.errors import InvalidConfig
 from partq.metrics.collector import BrokerCollector
 from partq.metrics.instruments import Instruments
+from partq.wire.admission import Admission
 from partq.wire.frames import parse_address
 from partq.wire.listener import is_loopback
 
@@ -32,23 +34,32 @@ PATHS = ("/metrics", "/")
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler, max_connections: int) -> None:
+    def __init__(self, address: tuple[str, int], handler, max_connections: int,
+                 timeout: float) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self._admission = Admission(max_connections, timeout)
         self.max_connections = max_connections
         super().__init__(address, handler)
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.warning("metrics endpoint refused %s: %d connections already", client_address[0],
-                        self.max_connections)
-            self.shutdown_request(request)
-            return
+        evicted = self._admission.admit(request)
+        if evicted is not None:
+            log.warning("metrics endpoint cut off the oldest of %d connections to serve %s",
+                        self.max_connections, client_address[0])
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._admission.release(request)
             raise
+
+    def waiting(self) -> int:
+        return self._admission.waiting()
+
+    def service_actions(self) -> None:
+        """Called by serve_forever between polls: cut off requests past their deadline."""
+        for _ in self._admission.reap():
+            log.warning("metrics endpoint cut off a connection: no whole request and answer "
+                        "within %g s", self._admission.deadline)
 
     def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
@@ -61,7 +72,7 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._admission.release(request)
 
 
 def _handler(registry: CollectorRegistry, timeout: float):
@@ -93,7 +104,8 @@ class MetricsServer:
         self.registry.register(BrokerCollector(broker, connections))
         self.instruments = Instruments(self.registry, broker.store, broker.dispatcher.tally)
         try:
-            self._server = _Server((host, port), _handler(self.registry, timeout), max_connections)
+            self._server = _Server((host, port), _handler(self.registry, timeout), max_connections,
+                                   timeout)
         except OSError as exc:
             self.instruments.close()
             raise InvalidConfig(f"cannot serve metrics on {address}: {exc.strerror or exc}") \
@@ -108,6 +120,10 @@ class MetricsServer:
             log.warning("the metrics endpoint on %s has no token: anyone who reaches it reads "
                         "queue names, depths and consumers; firewall it or bind a private "
                         "address", self.address)
+
+    def connections_waiting(self) -> int:
+        """Connections open now (each is served within its deadline or cut off)."""
+        return self._server.waiting()
 
     def close(self) -> None:
         """Stop serving; the port is free when this returns."""

@@ -4,7 +4,7 @@ them a selection picks, and the records of each, read from short snapshots of th
 Nothing here binds a flow or writes, so it changes no delivery state and works while other
 processes publish, consume or own delivery. The upper bound of each log is its head when the
 browse starts, so a busy publisher cannot keep it running. A record that fails its checksum is
-yielded as corrupt with the reason, never skipped silently (S24).
+yielded as corrupt with the reason, never skipped silently (rule `checksums`).
 
 A queue's logs are its partitions and, once it has been exclusive (non-partitioned), its parent
 queue's log: storage partition ``partq.PARENT`` (4294967295).

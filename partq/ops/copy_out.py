@@ -10,7 +10,7 @@ keep a copy running forever; run the copy again to take what came since.
 The parent queue's log (``partq.PARENT``) is copied like any partition: its checkpoint names and
 file records carry the integer 4294967295 as its partition. Copying it into the queue itself
 (``to_queue=queue, parent=True``) is how an operator recovers the messages a change from
-exclusive to non-exclusive left there, undelivered (seed 001); ``move`` also removes each copied
+exclusive to non-exclusive left there, undelivered (rule `ingress-egress`); ``move`` also removes each copied
 batch from the parent log once its copy is durable.
 
 Nothing here handles signals: the caller passes ``stop()``, checked between batches.
@@ -273,7 +273,7 @@ def proven_copied(store, config: QueueConfig, partition: int,
 @dataclass(frozen=True)
 class Stranded:
     """Messages a change to non-exclusive left in a partitioned queue's parent-queue log,
-    which nothing delivers any more (seed 001)."""
+    which nothing delivers any more (rule `ingress-egress`)."""
     queue: str
     count: int
     copied: bool    # already copied into the queue's partitions: its copy-out checkpoint

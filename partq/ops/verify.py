@@ -1,6 +1,6 @@
 """Verifying a store: the crc32c (and decoding) of every stored record, and the ack state of
-every log (S24). Reads short snapshots of the store, like ``partq.ops.browse``; never binds, never
-changes anything, and works while other processes publish and consume.
+every log (rule `checksums`). Reads short snapshots of the store, like ``partq.ops.browse``; never binds,
+never changes anything, and works while other processes publish and consume.
 """
 from __future__ import annotations
 

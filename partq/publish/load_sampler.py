@@ -1,4 +1,5 @@
-"""The load view the unkeyed sticky partitioner adapts to (S21, S22), sampled from storage.
+"""The load view the unkeyed sticky partitioner adapts to (rules `adaptive`, `availability-timeout`),
+sampled from storage.
 
 Backlog of a partition = messages published and not yet acked = head - ack floor - acked above.
 "Last accepted" is when the partition's ack state was last seen to move: acks are what a process

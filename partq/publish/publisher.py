@@ -1,5 +1,6 @@
 """Publishing: validate and encode messages in the caller's thread, place them in the write
-transaction (S1, S2, S19, S23).
+transaction (rules `key-hash`, `unkeyed-partitioner`, `ingress-egress` and
+`durable-publish`).
 
 The partition of a message is chosen *inside* the write transaction, from the partition count
 that transaction sees, so a scale done by another process meanwhile can never misplace it: the
@@ -189,7 +190,7 @@ class Publisher:
 
     def place(self, w, queue: str, items: Encoded) -> list[PublishResult]:
         """Append encoded messages to ``queue`` in this transaction; one result per message (a
-        discarded one when ingress is off and the queue discards, S19)."""
+        discarded one when ingress is off and the queue discards, rule `ingress-egress`)."""
         config = self.config_in(w, queue)
         if not config.ingress_enabled:
             self._refuse(w, config, len(items))
@@ -213,8 +214,9 @@ class Publisher:
         return len(items), 0
 
     def _append(self, w, config: QueueConfig, items: Encoded) -> tuple[list[int], dict[int, int]]:
-        """Choose each message's partition (S1, S2) and append them, one append per partition;
-        return the partition of each message and the first sequence each partition got."""
+        """Choose each message's partition (rules `key-hash`, `unkeyed-partitioner`) and append them,
+        one append per partition; return the partition of each message and the first sequence each
+        partition got."""
         qid, n = config.qid, config.partitions
         if not config.partitioned:     # exclusive: the parent queue's log, in publish order
             return [PARENT] * len(items), {PARENT: w.append(qid, PARENT, [r for _, r in items])}
@@ -240,8 +242,8 @@ class Publisher:
         return ps, firsts
 
     def _refuse(self, w, config: QueueConfig, count: int) -> None:
-        """Ingress is disabled (S19, seed 001): reject when reject-msg-to-sender applies while
-        the queue is shut down, otherwise discard and count (the seed's default: expect loss)."""
+        """Ingress is disabled (rule `ingress-egress`): reject when reject-msg-to-sender applies
+        while the queue is shut down, otherwise discard and count (Solace's default: expect loss)."""
         if config.reject_msg_to_sender and config.reject_msg_to_sender_when_shutdown:
             raise IngressDisabled(f"queue {config.name!r} has ingress disabled; retry after "
                                   f"`partq queue update {config.name} --ingress on`")
@@ -251,7 +253,8 @@ class Publisher:
 
     def _unkeyed(self, w, config: QueueConfig):
         """``choose(size) -> partition`` for this transaction's unkeyed messages: the queue's
-        partitioner (rebuilt when its settings change) fed with sampled backlog (S2, S20-S22).
+        partitioner (rebuilt when its settings change) fed with sampled backlog (rules
+        `unkeyed-partitioner`, `sticky`, `adaptive` and `availability-timeout`).
         Runs in the group-commit thread only."""
         entry = self._partitioners.get(config.qid)
         if entry is None or not _same_partitioner(entry[0], config):
@@ -273,7 +276,7 @@ class Publisher:
 
 
 def discarded_count(reader, qid: int) -> int:
-    """Publishes the queue discarded while its ingress was off (S19)."""
+    """Publishes the queue discarded while its ingress was off (rule `ingress-egress`)."""
     raw = reader.queue_meta(qid, COUNTER_DISCARDED)
     return 0 if raw is None else unpack_u64(raw)
 
@@ -283,16 +286,11 @@ def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
         (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
 
 
-def encode_one(config: QueueConfig, payload, key, headers, now: int) -> tuple[int | None, bytes]:
-    """One message as ``encode`` makes it (for staging)."""
-    return encode(config, ((payload, key, headers),), now)[0]
-
-
 def encode(config: QueueConfig, items: Iterable, now: int) -> Encoded:
     """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
     ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
     the caller's thread; the write transaction only takes them modulo the partition count it
-    sees (S1). The record layout is ``storage.encoding``'s; this loop is the hot path of
+    sees (rule `key-hash`). The record layout is ``storage.encoding``'s; this loop is the hot path of
     publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
     max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
     pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc

@@ -1,4 +1,4 @@
-"""``partq.connect``: publish and consume through ``partq serve`` from any host (S31).
+"""``partq.connect``: publish and consume through ``partq serve`` from any host (rule `serve`).
 
     client = partq.connect("10.0.0.5:7020", token=open("token").read(), ssl=ssl_context)
     client.publish("orders", b"payload", key="customer-42")     # durable when it returns
@@ -9,7 +9,7 @@
 A client keeps one connection. Messages are pushed to it within the flow's credit
 (``max_delivered_unacked_per_flow``), so receiving costs no round trip; acks travel in batches
 (``ack_many``) and return once durable. When the connection drops the client reconnects with
-backoff and binds its flows again, presenting each one's partition set as its hint (S15): back
+backoff and binds its flows again, presenting each one's partition set as its hint (rule `bind-hint`): back
 within the rebalance delay, a flow gets its partitions back. Requests made meanwhile wait for
 the connection (up to the client's timeout); a publish whose answer was lost with the
 connection raises ``ServerUnavailable``: it may or may not be stored (an unknown outcome, as
@@ -26,27 +26,45 @@ import time
 from collections.abc import Iterable
 
 from partq import errors
-from partq.errors import PartqError, ServerUnavailable
+from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavailable
 from partq.flow import Flow
 from partq.message import PublishResult
-from partq.remote.endpoint import RemoteEndpoint, RemotePending, remote_error
+from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.wire.frames import HEADER, FrameError, Outbox, encode_frame, parse_address, read_frame
+from partq.wire.error_frames import error_from_frame
+from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
 
 log = logging.getLogger("partq.client")
 
-MAX_FRAME = 64 << 20
+# the largest frame read from the server: one message of the largest max_message_size a queue
+# may have, with room for its key and headers (the server cuts deliveries into frames of a few
+# MiB; only a message larger than that travels alone)
+MAX_FRAME = (1 << 30) + (1 << 20)
 BACKOFF = (0.05, 2.0)
 
 
-def connect(address: str, token: str | bytes | None = None, ssl: ssl_module.SSLContext | None = None,
-            *, token_file: str | None = None, timeout: float = 10.0) -> Client:
+def connect(address: str, token: str | bytes | None = None,
+            ssl: ssl_module.SSLContext | bool | None = None, *, token_file: str | None = None,
+            timeout: float = 10.0) -> Client:
     """Connect to ``partq serve`` at ``HOST:PORT``. ``token`` (or ``token_file``) proves this
     client to the server by challenge-response (the token is never sent); ``ssl``: a client
-    ``SSLContext`` to speak TLS (the server must have ``--tls-cert``). Raises
-    ``ServerUnavailable``, ``AuthenticationFailed`` or ``ProtocolMismatch`` with what to do."""
-    return Client(address, read_token(token, token_file), ssl, timeout)
+    ``SSLContext`` to speak TLS (the server must have ``--tls-cert``), or True for the system's
+    default context (certificates checked against the system's authorities and the host
+    name). Raises ``ServerUnavailable``, ``AuthenticationFailed`` or ``ProtocolMismatch`` with
+    what to do, and ``InvalidConfig`` for an ``ssl`` that is neither."""
+    return Client(address, read_token(token, token_file), client_context(ssl), timeout)
+
+
+def client_context(ssl: ssl_module.SSLContext | bool | None) -> ssl_module.SSLContext | None:
+    if ssl is True:
+        return ssl_module.create_default_context()
+    if ssl is None or ssl is False:
+        return None
+    if isinstance(ssl, ssl_module.SSLContext):
+        return ssl
+    raise errors.InvalidConfig(f"ssl must be an ssl.SSLContext, True (the default context) or "
+                               f"None, not {type(ssl).__name__}")
 
 
 class _Each:
@@ -58,18 +76,37 @@ class _Each:
         self.pendings = pendings
 
     def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
+        """Resolve each publish with its result or error; a malformed answer resolves the ones
+        it leaves open with ``ProtocolMismatch``."""
         if error is None and frame is not None and frame.get("op") == "error":
-            error = remote_error(frame)
+            error = error_from_frame(frame)
         if error is not None or frame is None:
             for p in self.pendings:
                 p.resolve(None, error or ServerUnavailable("no answer from the server"))
             return
-        for p, result in zip(self.pendings, frame["results"], strict=True):
-            if isinstance(result, dict):
-                p.resolve(None, remote_error(result))
-            else:
-                part, seq, discarded = result
-                p.resolve({"op": "published", "result": PublishResult(part, seq, bool(discarded))})
+        try:
+            for p, result in zip(self.pendings, frame["results"], strict=True):
+                if isinstance(result, dict):
+                    p.resolve(None, error_from_frame(result))
+                else:
+                    part, seq, discarded = result
+                    p.resolve({"op": "published",
+                               "result": PublishResult(part, seq, bool(discarded))})
+        except Exception as exc:  # the first answer stands: this reaches the unanswered ones
+            for p in self.pendings:
+                p.resolve(None, ProtocolMismatch(f"malformed answer from the server: {exc!r}"))
+
+
+def _hang_up(sock: socket.socket, stream, outbox: Outbox) -> None:
+    """Close a connection the reader gave up on: the server sees it end (and unbinds its
+    flows), and its writer thread stops."""
+    outbox.close()
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    stream.close()
+    sock.close()
 
 
 def _results(frame: dict) -> list[PublishResult]:
@@ -96,6 +133,7 @@ class Client:
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
         self._closed = False
+        self._client_id = os.urandom(8).hex()   # the same on every connection of this client
         self._beat = 10.0
         self.max_frame = MAX_FRAME
         self._outbox: Outbox | None = None
@@ -116,7 +154,7 @@ class Client:
             if self._ssl is not None:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._addr[0])
             hello = client_handshake(sock, "serve", self._token, self.timeout, pid=os.getpid(),
-                                     host=socket.gethostname())
+                                     host=socket.gethostname(), client_id=self._client_id)
         except (OSError, FrameError, ssl_module.SSLError) as exc:
             sock.close()
             raise ServerUnavailable(f"partq serve at {self.address} dropped the connection "
@@ -130,20 +168,30 @@ class Client:
 
     def _start(self, sock: socket.socket) -> None:
         self._outbox = Outbox(sock, "partq-client-send", gather=self._gather)
-        threading.Thread(target=self._read_loop, args=(sock,), name="partq-client-read",
-                         daemon=True).start()
+        threading.Thread(target=self._read_loop, args=(sock, self._outbox),
+                         name="partq-client-read", daemon=True).start()
         threading.Thread(target=self._beat_loop, args=(sock, self._outbox),
                          name="partq-client-beat", daemon=True).start()
 
-    def _read_loop(self, sock: socket.socket) -> None:
+    def _read_loop(self, sock: socket.socket, outbox: Outbox) -> None:
+        """Hand the server's frames to the requests and flows they answer until the connection
+        ends, or until a frame is neither an answer nor a push this client can read (logged):
+        either way this connection is closed and the client reconnects (``_lost``)."""
         stream = sock.makefile("rb", buffering=1 << 16)
         try:
             while True:
                 frame = read_frame(stream, MAX_FRAME)
-                if isinstance(frame, dict):
-                    self._dispatch(frame)
+                if not isinstance(frame, dict):
+                    raise ProtocolMismatch(f"a frame that is a {type(frame).__name__}, not a map")
+                self._dispatch(frame)
         except (FrameError, OSError, ssl_module.SSLError):
-            pass
+            pass          # the connection ended, or carried a damaged frame
+        except Exception as exc:  # a frame it cannot make sense of: this connection is lost
+            log.warning("partq serve at %s sent %s; dropping the connection",
+                        self.address, exc if isinstance(exc, ProtocolMismatch)
+                        else f"a frame this client cannot read ({exc!r})")
+        finally:
+            _hang_up(sock, stream, outbox)
         self._lost(sock)
 
     def _dispatch(self, frame: dict) -> None:
@@ -238,7 +286,7 @@ class Client:
     # ------------------------------------------------------------------ the API
     def publish(self, queue: str, payload: bytes, key: str | None = None,
                 headers: dict | None = None) -> PublishResult:
-        """Publish one message; return once it is durable on the server (S23)."""
+        """Publish one message; return once it is durable on the server (rule `durable-publish`)."""
         return self.publish_async(queue, payload, key, headers).result()
 
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
@@ -298,10 +346,11 @@ class Client:
 
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
              skip_corrupt: bool = False) -> Flow:
-        """Bind a flow (S15, S17 as ``Broker.bind``); it has every method of ``Flow``."""
+        """Bind a flow (rules `bind-hint` and `named-flows`, as ``Broker.bind``); it has every method
+        of ``Flow``."""
         endpoint = RemoteEndpoint(self, queue, name, skip_corrupt)
         endpoint.bind(None if hint is None else sorted(hint))
-        return Flow(endpoint, endpoint.flow_id, queue, name, skip_corrupt)
+        return Flow(endpoint, queue, name, skip_corrupt)
 
     def attach(self, flow_id: str, endpoint: RemoteEndpoint, consumer_timeout: float) -> None:
         """Route ``flow_id``'s pushes to ``endpoint``; beat often enough for its queue."""

@@ -1,21 +1,21 @@
 """A flow served by ``partq serve`` over a client's connection: the ``FlowEndpoint`` a remote
-``Flow`` calls (``RemoteEndpoint``), the answer to a request (``RemotePending``), and the typed
-error a server's error frame stands for (``remote_error``)."""
+``Flow`` calls (``RemoteEndpoint``) and the answer to a request (``RemotePending``). A server's
+error frame is raised as the error it stands for (``error_from_frame``): the same class, with
+the same fields, as the server raised."""
 from __future__ import annotations
 
 import threading
 import time
 from _thread import allocate_lock
 from collections import deque
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from partq import errors
-from partq.errors import FlowClosed, FlowFenced, PartqError, ServerUnavailable
+from partq.delivery.flow_state import fenced_error, fenced_range
+from partq.errors import FlowClosed, InvalidAck, PartqError, ServerUnavailable
 from partq.message import FlowChangeUpdate, Message
-
-if TYPE_CHECKING:
-    from partq.remote.client import Client
+from partq.wire.error_frames import error_from_frame
 
 
 class RemotePending:
@@ -36,7 +36,7 @@ class RemotePending:
         if not self._done.locked():
             return                      # answered already: the first answer stands
         if error is None and frame is not None and frame.get("op") == "error":
-            error = remote_error(frame)
+            error = error_from_frame(frame)
         if error is None:
             try:
                 self._value = self._convert(frame)
@@ -60,23 +60,32 @@ class RemotePending:
         return self._value
 
 
-def remote_error(frame: dict) -> PartqError:
-    cls = getattr(errors, str(frame.get("error")), PartqError)
-    if not (isinstance(cls, type) and issubclass(cls, PartqError)):
-        cls = PartqError
-    message = str(frame.get("message", "the server refused"))
-    if cls is FlowFenced:
-        return FlowFenced(message, [Message("", p, s, None, b"", None, 0, False)
-                                    for p, s in frame.get("messages", [])])
-    return cls(message)
+class Connection(Protocol):
+    """What a ``RemoteEndpoint`` asks of the connection it is bound over (``Client``)."""
 
+    def request(self, frame: dict, convert: Callable[[dict], object]) -> RemotePending:
+        """Send a request; the handle's ``result()`` gives ``convert(answer)``."""
+
+    def call(self, frame: dict, convert: Callable[[dict], object] = ...) -> Any:
+        """Send a request and wait for ``convert(answer)`` (the answer itself by default); an
+        error answer raises its error. ``convert`` runs in the connection's reading thread,
+        before it reads the next frame."""
+
+    def attach(self, flow_id: str, endpoint: RemoteEndpoint, consumer_timeout: float) -> None:
+        """Route the pushes of ``flow_id`` to ``endpoint``."""
+
+    def detach(self, flow_id: str) -> None:
+        """Stop routing the pushes of ``flow_id``."""
 
 
 class RemoteEndpoint:
-    """A flow served over a connection: the ``FlowEndpoint`` its ``Flow`` calls. Messages the
-    server pushed wait in ``buffer`` until received."""
+    """A flow served over a connection: the ``FlowEndpoint`` its ``Flow`` calls (``partq.flow``
+    documents each method). Messages the server pushed wait in ``buffer`` until received. Once
+    the flow is closed it hands out nothing more, and refuses acks and nacks at once, as its
+    server would (``FlowFenced``: it holds nothing)."""
 
-    def __init__(self, client: Client, queue: str, name: str | None, skip_corrupt: bool) -> None:
+    def __init__(self, client: Connection, queue: str, name: str | None,
+                 skip_corrupt: bool) -> None:
         self.client, self.queue, self.name, self.skip_corrupt = client, queue, name, skip_corrupt
         self.flow_id = ""
         self._cond = threading.Condition()
@@ -85,13 +94,19 @@ class RemoteEndpoint:
         self._through: dict[int, int] = {}        # partition -> acked up to (ack_through)
         self._partitions: frozenset[int] = frozenset()
         self._events: deque[FlowChangeUpdate] = deque()
-        self._callback = None
+        self._callback: Callable[[FlowChangeUpdate], None] | None = None
         self._error: PartqError | None = None
         self._reason: str | None = None
 
     def bind(self, hint: list[int] | None) -> None:
-        reply = self.client.call({"op": "bind", "queue": self.queue, "name": self.name,
-                                  "hint": hint, "skip_corrupt": self.skip_corrupt})
+        """Bind the flow on the server; raises the server's error (``QueueNotFound``...)."""
+        self.client.call({"op": "bind", "queue": self.queue, "name": self.name, "hint": hint,
+                          "skip_corrupt": self.skip_corrupt}, self._bound)
+
+    def _bound(self, reply: dict) -> None:
+        """Take the bind's answer. It runs in the client's reading thread, so the flow's pushes
+        are routed here before that thread reads the next frame: its first delivery follows the
+        answer at once and would otherwise find no flow to go to."""
         with self._cond:
             self.flow_id = str(reply["flow"])
             self._partitions = frozenset(reply["partitions"])
@@ -133,7 +148,7 @@ class RemoteEndpoint:
                 self._reason = str(frame.get("reason", "unbound by the server"))
                 self.client.detach(self.flow_id)
             elif op == "error":
-                self._error = remote_error(frame)
+                self._error = error_from_frame(frame)
             self._cond.notify_all()
 
     def _held(self, partitions: frozenset[int]) -> None:
@@ -148,7 +163,7 @@ class RemoteEndpoint:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                if self._reason is not None and not self._buffer:
+                if self._reason is not None:
                     raise FlowClosed(f"flow {self.name or self.flow_id} of queue {self.queue!r} "
                                      f"is unbound: {self._reason}; bind again")
                 if self._error is not None:
@@ -165,23 +180,44 @@ class RemoteEndpoint:
                     return []
                 self._cond.wait(remaining)
 
+    def _refuse(self, msgs: list[Message], verb: str) -> None:
+        """Raise what the server would for acks or nacks of ``msgs``: ``InvalidAck`` for a
+        message of another queue, ``FlowFenced`` once the flow is closed."""
+        for m in msgs:
+            if m.queue != self.queue:
+                raise InvalidAck(f"message of queue {m.queue!r} {verb} on a flow of "
+                                 f"{self.queue!r}")
+        if self._reason is not None:
+            raise fenced_error(self.queue, self, msgs, verb)
+
     def ack_async(self, msgs: Iterable[Message]) -> RemotePending:
+        msgs = list(msgs)
+        self._refuse(msgs, "acked")
         ids = [[m.partition, m.seq] for m in msgs]
-        with self._cond:
-            self._unacked.difference_update(map(tuple, ids))
+        acked = {(m.partition, m.seq) for m in msgs}
         return self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
-                                   lambda frame: None)
+                                   lambda frame: self._confirmed(acked))
+
+    def _confirmed(self, acked: set[tuple[int, int]]) -> None:
+        """The server made acks of ``acked`` durable (the reading thread; a refusal never gets
+        here): they are no longer unacked."""
+        with self._cond:
+            self._unacked -= acked
 
     def ack_through(self, partition: int, seq: int) -> RemotePending:
+        if self._reason is not None:
+            raise fenced_range(self.queue, self, partition, seq)
         with self._cond:       # acked: what was pushed (or is on its way) and not received goes
             self._through[partition] = max(self._through.get(partition, -1), seq)
-            self._unacked = {(p, s) for p, s in self._unacked if not (p == partition and s <= seq)}
             self._buffer = deque((n, m) for n, m in self._buffer
                                  if not (m.partition == partition and m.seq <= seq))
+            acked = {(p, s) for p, s in self._unacked if p == partition and s <= seq}
         return self.client.request({"op": "ack_through", "flow": self.flow_id,
-                                    "partition": partition, "seq": seq}, lambda frame: None)
+                                    "partition": partition, "seq": seq},
+                                   lambda frame: self._confirmed(acked))
 
     def nack(self, msg: Message) -> None:
+        self._refuse([msg], "nacked")
         reply = self.client.call({"op": "nack", "flow": self.flow_id,
                                   "id": [msg.partition, msg.seq]})
         upto = reply.get("upto", 0)
@@ -197,6 +233,7 @@ class RemoteEndpoint:
             if self._reason is not None:
                 return
             self._reason = "unbound by the application"
+            self._buffer.clear()
         self.client.detach(self.flow_id)
         try:
             self.client.call({"op": "unbind", "flow": self.flow_id})
@@ -204,7 +241,7 @@ class RemoteEndpoint:
             pass           # the connection is gone: the server unbound it already
 
     def partitions(self) -> frozenset[int]:
-        return self._partitions
+        return frozenset() if self._reason is not None else self._partitions
 
     def events(self) -> list[FlowChangeUpdate]:
         with self._cond:
@@ -213,7 +250,7 @@ class RemoteEndpoint:
             return out
 
     def unacked(self) -> int:
-        return len(self._unacked)
+        return 0 if self._reason is not None else len(self._unacked)
 
     def closed(self) -> bool:
         return self._reason is not None
@@ -221,5 +258,5 @@ class RemoteEndpoint:
     def closed_reason(self) -> str | None:
         return self._reason
 
-    def on_change(self, callback) -> None:
+    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
         self._callback = callback

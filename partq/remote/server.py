@@ -1,5 +1,5 @@
 """``partq serve``: delivery and publishing of a directory's queues for clients on other hosts
-(S31). A ``Server`` takes the delivery of every queue it can (other processes of the host then
+(rule `serve`). A ``Server`` takes the delivery of every queue it can (other processes of the host then
 follow it), and serves ``partq.connect`` clients over a ``Listener`` (TLS, token, limits).
 
 One session per connection. Requests carry an id and are answered in order of completion:
@@ -17,7 +17,9 @@ One session per connection. Requests carry an id and are answered in order of co
     logs, read, stage, commit_job, abort_job, resume_commits, ensure_queue
                                              (the Spark source: partq.jobs.staging.spark_request)
     beat                                     (no answer; any frame keeps a session alive)
-    errors: error {req, error, message[, messages]}
+    errors: error {req, error, message, and the error's fields}: the error's ``to_frame()``;
+    the client raises ``partq.wire.error_frames.error_from_frame`` of it, the same class with
+    the same fields (a ``CorruptRecord`` with its queue, partition and seq)
 
 Pushes, from one pump thread per bound flow: ``deliver {flow, n, messages}`` (within the flow's
 credit: at most ``max_delivered_unacked_per_flow`` unacked), ``state {flow, partitions}``,
@@ -25,7 +27,7 @@ credit: at most ``max_delivered_unacked_per_flow`` unacked), ``state {flow, part
 frames; a nack's answer names the last one sent before the nack took effect, so the client drops
 exactly the copies the nack gives back (they come again, marked redelivered, in order).
 
-Liveness (S32): a session that closes unbinds its flows at once; one silent for its queues'
+Liveness (rule `liveness`): a session that closes unbinds its flows at once; one silent for its queues'
 ``consumer_timeout`` (clients beat every quarter of it) is closed, with the same effect.
 """
 from __future__ import annotations
@@ -36,16 +38,19 @@ import socket
 import ssl
 import threading
 
-from partq.errors import FlowClosed, FlowFenced, PartqError
+from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
 from partq.jobs.staging import SPARK_OPS, spark_request
 from partq.message import Message
-from partq.wire.frames import FrameError, Outbox, read_frame
+from partq.wire.error_frames import error_frame
+from partq.wire.frames import Outbox, read_frame
 from partq.wire.listener import Limits, Listener
 
 log = logging.getLogger("partq.server")
 
 PUSH_BATCH = 500          # messages per deliver frame at most
+PUSH_BYTES = 4 << 20      # payload and key bytes per deliver frame (one larger message goes alone)
 PUMP_WAIT = 0.05          # seconds a pump waits for messages before it looks for nacks
+MAX_ITEMS = 1 << 17       # items of any one array or map of a request, checked as it is decoded
 
 
 class Server:
@@ -57,6 +62,8 @@ class Server:
             if not broker.dispatcher.take_over(config.name):
                 log.info("queue %r is delivered by another process: its flows here follow it",
                          config.name)
+        self._named: dict[tuple[str, str], Session] = {}    # named flows, by their session
+        self._named_lock = threading.Lock()
         self.listener = Listener(listen, "serve", self._session, token=token,
                                  ssl_context=ssl_context, limits=limits)
         self.address = self.listener.address
@@ -64,20 +71,45 @@ class Server:
                  " with TLS" if ssl_context is not None else "")
 
     def _session(self, sock: socket.socket, hello: dict, where: str) -> None:
-        who = f"{where} (pid {hello.get('pid')} on {hello.get('host')})"
+        who = f"{where} (pid {printable(hello.get('pid'))} on {printable(hello.get('host'))})"
         log.info("client %s connected", who)
-        Session(self.broker, sock, who, self.limits).run()
+        Session(self, sock, who, str(hello.get("client_id") or "")).run()
+
+    def claim_name(self, queue: str, name: str, session: Session) -> None:
+        """``session`` binds the flow ``name`` of ``queue``. If a stale session of the same
+        client still holds it (the client reconnected before the server saw the old
+        connection end), that session's flow is unbound first, so the rebind succeeds."""
+        with self._named_lock:
+            holder = self._named.get((queue, name))
+        if holder is not None and holder is not session and session.client_id \
+                and holder.client_id == session.client_id:
+            log.info("client %s replaces its stale connection's flow %s of queue %r",
+                     session.who, name, queue)
+            holder.drop_named(queue, name)
+
+    def named(self, queue: str, name: str, session: Session) -> None:
+        """Record the session holding the flow ``name`` of ``queue``."""
+        with self._named_lock:
+            self._named[(queue, name)] = session
+
+    def release_name(self, queue: str, name: str, session: Session) -> None:
+        """``session`` no longer holds the flow ``name`` (if it was the one holding it)."""
+        with self._named_lock:
+            if self._named.get((queue, name)) is session:
+                del self._named[(queue, name)]
 
     def close(self) -> None:
         self.listener.close()
 
 
 class Session:
-    def __init__(self, broker, sock: socket.socket, who: str, limits: Limits) -> None:
-        self.broker = broker
+    def __init__(self, server: Server, sock: socket.socket, who: str, client_id: str) -> None:
+        self.server = server
+        self.broker = server.broker
         self.sock = sock
         self.who = who
-        self.limits = limits
+        self.client_id = client_id
+        self.limits = server.limits
         self.flows: dict[str, Pump] = {}
         self._outbox = Outbox(sock, "partq-serve-send")
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
@@ -86,6 +118,10 @@ class Session:
     def send(self, frame: dict) -> None:
         """Queue a frame for the client (pumps, answers); written in batches by one thread."""
         self._outbox.put(frame)
+
+    def wait_for_room(self, limit: int, timeout: float) -> bool:
+        """Wait until fewer than ``limit`` bytes wait to be written to the client."""
+        return self._outbox.wait_below(limit, timeout)
 
     def idle_timeout(self) -> float:
         timeouts = [pump.consumer_timeout for pump in list(self.flows.values())]
@@ -99,8 +135,12 @@ class Session:
         stream = self.sock.makefile("rb", buffering=1 << 16)
         try:
             while True:
+                if not self.wait_for_room(self.limits.max_pending_bytes, self.idle_timeout()):
+                    reason = (f"read none of its answers for {self.idle_timeout():g} s "
+                              f"({self._outbox.pending_bytes()} bytes waiting)")
+                    break
                 self.sock.settimeout(self.idle_timeout())
-                frame = read_frame(stream, self.limits.max_frame)
+                frame = read_frame(stream, self.limits.max_frame, MAX_ITEMS)
                 if not isinstance(frame, dict):
                     raise FrameError("a request must be a map")
                 self._handle(frame)
@@ -112,17 +152,25 @@ class Session:
             self.closed.set()
             self._completions.put(None)
             self._outbox.close()
-            for pump in list(self.flows.values()):
-                pump.stop(unbind=True)       # a closed connection is an unbind (seed 004)
+            flows, self.flows = list(self.flows.values()), {}
+            for pump in flows:
+                self._forget(pump)
+                pump.stop(unbind=True)       # a closed connection is an unbind, rule `liveness`
             log.info("client %s disconnected: %s; %d flow(s) unbound", self.who, reason,
-                     len(self.flows))
+                     len(flows))
             completer.join(timeout=5)
+            stream.close()
 
     def _handle(self, frame: dict) -> None:
         op, req = frame.get("op"), frame.get("req")
         if op == "beat":
             return
         try:
+            if op in ("publish", "publish_each") and len(frame.get("items") or ()) \
+                    > self.limits.max_batch:
+                raise InvalidMessage(f"a batch of {len(frame['items'])} items is over this "
+                                     f"server's limit of {self.limits.max_batch}; publish it in "
+                                     f"smaller batches")
             if op == "publish":
                 items = [tuple(item) if isinstance(item, list) else item
                          for item in frame.get("items", [])]
@@ -142,7 +190,7 @@ class Session:
                 each = self.broker.publish_each_async(str(frame.get("queue")), items)
                 self._completions.put((req, each, lambda results: {
                     "op": "published", "req": req,
-                    "results": [error_frame(None, r) if isinstance(r, PartqError)
+                    "results": [r.to_frame() if isinstance(r, PartqError)
                                 else [r.partition, r.seq, r.discarded] for r in results]}))
             elif op == "bind":
                 self._bind(req, frame)
@@ -161,6 +209,7 @@ class Session:
             elif op == "unbind":
                 leaving = self.flows.pop(str(frame.get("flow")), None)
                 if leaving is not None:
+                    self._forget(leaving)
                     leaving.stop(unbind=True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
@@ -172,27 +221,54 @@ class Session:
             elif op == "replication":
                 self.send({"op": "replication", "req": req,
                            "replication": self.broker.replication_status().as_dict()})
-            elif op in SPARK_OPS:         # the Spark source with .option("address") (S36a)
+            elif op in SPARK_OPS:         # the Spark source with .option("address"), rule `spark-remote`
                 self.send({"op": op, "req": req, **spark_request(self.broker, frame)})
             else:
                 raise FrameError(f"unknown request {op!r}")
+        except FrameError:
+            raise                     # not a request: the session ends (run)
         except PartqError as exc:
-            self.send(error_frame(req, exc))
+            self.send(error_frame(exc, req=req))
 
     def _bind(self, req, frame: dict) -> None:
         queue = str(frame.get("queue"))
         hint = frame.get("hint")
-        flow = self.broker.bind(queue, name=frame.get("name"),
-                                hint=None if hint is None else list(hint),
+        name = frame.get("name")
+        if name is not None and (not isinstance(name, str) or not name.isprintable()):
+            raise InvalidConfig("a flow name must be printable text (no control characters)")
+        if len(self.flows) >= self.limits.max_flows:
+            raise InvalidConfig(f"this connection has {len(self.flows)} flows bound, the server's "
+                                f"limit; unbind one, or open another connection")
+        if name is not None:
+            self.server.claim_name(queue, name, self)
+        flow = self.broker.bind(queue, name=name, hint=None if hint is None else list(hint),
                                 skip_corrupt=bool(frame.get("skip_corrupt")))
         timeout = self.broker.queue_config(queue).consumer_timeout
         pump = Pump(self, flow, timeout)
         self.flows[flow.flow_id] = pump
+        if name is not None:
+            self.server.named(queue, name, self)
         self.send({"op": "bound", "req": req, "flow": flow.flow_id,
                    "partitions": sorted(flow.partitions), "consumer_timeout": timeout})
         log.info("client %s bound flow %s of queue %r: partitions %s", self.who,
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
         pump.start()
+
+    def drop_named(self, queue: str, name: str) -> None:
+        """Unbind this session's flow ``name`` of ``queue`` (its client is back on another
+        connection); this connection is closed, as it is stale."""
+        for fid, pump in list(self.flows.items()):
+            if pump.flow.queue == queue and pump.flow.name == name:
+                self.flows.pop(fid, None)
+                pump.stop(unbind=True)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _forget(self, pump: Pump) -> None:
+        if pump.flow.name is not None:
+            self.server.release_name(pump.flow.queue, pump.flow.name, self)
 
     def _pump(self, frame: dict) -> Pump:
         pump = self.flows.get(str(frame.get("flow")))
@@ -211,18 +287,11 @@ class Session:
             try:
                 frame = answer(pending.result())
             except PartqError as exc:
-                frame = error_frame(req, exc)
+                frame = error_frame(exc, req=req)
             try:
                 self.send(frame)
             except OSError:
                 return
-
-
-def error_frame(req, exc: PartqError) -> dict:
-    frame = {"op": "error", "req": req, "error": type(exc).__name__, "message": str(exc)}
-    if isinstance(exc, FlowFenced):
-        frame["messages"] = [[m.partition, m.seq] for m in exc.messages]
-    return frame
 
 
 class Pump:
@@ -261,6 +330,8 @@ class Pump:
     def _run(self) -> None:
         flow, session, fid = self.flow, self.session, self.flow.flow_id
         partitions = flow.partitions
+        batch_size = PUSH_BATCH     # fewer per receive when messages are large: what one
+                                    # receive holds stays near PUSH_BYTES
         try:
             while not self._stop.is_set() and not session.closed.is_set():
                 while not self._nacks.empty():
@@ -269,21 +340,27 @@ class Pump:
                         flow.nack(msg)
                         session.send({"op": "ok", "req": req, "upto": self._sent})
                     except PartqError as exc:
-                        session.send(error_frame(req, exc))
+                        session.send(error_frame(exc, req=req))
+                if not session.wait_for_room(session.limits.max_push_bytes, PUMP_WAIT):
+                    continue        # the client reads slowly: deliver more once it caught up
                 try:
-                    msgs = flow.receive(PUSH_BATCH, timeout=PUMP_WAIT)
+                    msgs = flow.receive(batch_size, timeout=PUMP_WAIT)
                 except FlowClosed as exc:
                     session.send({"op": "closed", "flow": fid, "reason": flow.closed_reason
                                   or str(exc)})
                     return
                 except PartqError as exc:      # a corrupt record: the client raises it
-                    session.send({**error_frame(None, exc), "flow": fid})
+                    session.send(error_frame(exc, req=None, flow=fid))
                     continue
+                batches = byte_batches(msgs, PUSH_BYTES)
                 if msgs:
+                    size = sum(message_bytes(m) for m in msgs) // len(msgs)
+                    batch_size = max(1, min(PUSH_BATCH, PUSH_BYTES // max(size, 1)))
+                for batch in batches:
                     self._sent += 1
                     session.send({"op": "deliver", "flow": fid, "n": self._sent, "messages": [
                         [m.partition, m.seq, m.key, m.payload, m.headers, m.publish_time_ns,
-                         m.redelivered] for m in msgs]})
+                         m.redelivered] for m in batch]})
                 for update in flow.events():
                     session.send({"op": "event", "flow": fid, "active": update.active,
                                   "partitions": sorted(update.partitions)})
@@ -293,3 +370,33 @@ class Pump:
                     session.send({"op": "state", "flow": fid, "partitions": sorted(now)})
         except OSError:
             pass      # the session ends; it unbinds the flow
+
+
+def byte_batches(msgs: list[Message], limit: int) -> list[list[Message]]:
+    """``msgs`` in order, cut into batches of at most ``limit`` bytes of payload, key and
+    headers (a message larger than that goes alone): a deliver frame stays far below what a
+    client reads, whatever the queue's max_message_size."""
+    batches: list[list[Message]] = []
+    size = limit
+    for m in msgs:
+        n = message_bytes(m)
+        if size + n > limit and (not batches or batches[-1]):
+            batches.append([])
+            size = 0
+        batches[-1].append(m)
+        size += n
+    return batches
+
+
+def printable(value) -> str:
+    """A value a client sent, fit for a log line: control characters escaped."""
+    text = str(value)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def message_bytes(m: Message) -> int:
+    """About the bytes of a message's payload, key and headers in a deliver frame (a header
+    value that is not text or bytes counted as 8)."""
+    return len(m.payload) + len(m.key or "") + sum(
+        len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
+        for k, v in (m.headers or {}).items())

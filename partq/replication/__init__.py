@@ -1,4 +1,4 @@
-"""DR-standby replication over TCP (S27, seed 001's DR steps, S34's listener rules).
+"""DR-standby replication over TCP (rules `replication` and `listener-security`).
 
 The rooms: ``role`` (what a process plays: follow, serve, promote), ``protocol`` (options,
 frame bounds and checks), ``primary`` (the listener's side), ``standby`` (the follower),
@@ -6,7 +6,8 @@ frame bounds and checks), ``primary`` (the listener's side), ``standby`` (the fo
 its bound), ``snapshot`` (one in flight, streamed into the standby's own directory),
 ``timeline`` (histories, so a standby never follows a primary whose commits are not its own),
 ``status`` (what both report). Frames and the handshake are
-``partq.wire``'s; the listener is ``partq.wire.listener``'s.
+``partq.wire``'s (import them from ``partq.wire.frames``); the listener is
+``partq.wire.listener``'s.
 """
 from partq.errors import ReplicationRefused, ReplicationTimeout
 from partq.replication.primary import ReplicationServer
@@ -21,12 +22,8 @@ from partq.replication.snapshot import install_snapshot
 from partq.replication.standby import StandbyFollower, promote_store
 from partq.replication.status import ReplicationStatus, StandbyLink
 from partq.replication.sync_gate import SyncGate
-from partq.wire.frames import FrameError, parse_address, recv_frame, send_frame
 
-stored_slots_status = stored_status      # the name callers used before slots had their room
-
-__all__ = ["MAX_FRAME", "FrameError", "ReplicationOptions", "ReplicationRefused",
-           "ReplicationServer", "ReplicationStatus", "ReplicationTimeout", "SlotKeeper",
-           "StandbyFollower", "StandbyLink", "SyncGate", "check_sync_timeout", "drop_slot",
-           "install_snapshot", "list_slots", "parse_address", "promote_store", "recv_frame",
-           "replication_options", "send_frame", "stored_slots_status", "stored_status"]
+__all__ = ["MAX_FRAME", "ReplicationOptions", "ReplicationRefused", "ReplicationServer",
+           "ReplicationStatus", "ReplicationTimeout", "SlotKeeper", "StandbyFollower",
+           "StandbyLink", "SyncGate", "check_sync_timeout", "drop_slot", "install_snapshot",
+           "list_slots", "promote_store", "replication_options", "stored_status"]

@@ -1,4 +1,4 @@
-"""The primary side of DR-standby replication (S27, seed 001's DR steps).
+"""The primary side of DR-standby replication (rule `replication`).
 
 The primary logs every commit's logical changes under a log sequence number (LSN) while a
 standby slot exists (``storage.writer.Writer.finish``). Standbys connect through a ``Listener``
@@ -31,7 +31,7 @@ import time
 import crc32c
 import msgpack
 
-from partq.errors import InvalidConfig, PartqError, ReplicationRefused
+from partq.errors import FrameError, InvalidConfig, PartqError, ReplicationRefused
 from partq.replication import slots, timeline
 from partq.replication.protocol import (
     ACK_FRAME,
@@ -57,7 +57,7 @@ from partq.replication.status import (
     u64,
 )
 from partq.replication.sync_gate import SyncGate
-from partq.wire.frames import FrameError, recv_frame, send_frame
+from partq.wire.frames import recv_frame, send_frame
 from partq.wire.listener import Listener
 
 log = logging.getLogger("partq.replication")

@@ -28,8 +28,7 @@ import re
 import ssl
 from dataclasses import dataclass
 
-from partq.errors import InvalidConfig
-from partq.wire.frames import FrameError
+from partq.errors import FrameError, InvalidConfig
 from partq.wire.handshake import read_token
 from partq.wire.listener import Limits
 
@@ -46,7 +45,7 @@ MAX_LSN = (1 << 63) - 1
 DEFAULT_MAX_SLOTS = 10
 DEFAULT_MAX_SLOT_KEEP = 1 << 30     # bytes of change log kept for the slowest standby
 DEFAULT_LIMITS = Limits(max_frame=ACK_FRAME, handshake_timeout=HANDSHAKE_TIMEOUT,
-                        idle_timeout=LINK_TIMEOUT, max_connections=16)
+                        idle_timeout=LINK_TIMEOUT, max_connections=16, max_handshakes=16)
 _STANDBY_ID = re.compile(r"[0-9A-Za-z_.:-]{1,64}\Z")
 
 

@@ -26,6 +26,7 @@ import threading
 
 import crc32c
 
+from partq.errors import FrameError
 from partq.replication.protocol import (
     MAX_FRAME,
     SNAPSHOT_CHUNK,
@@ -35,7 +36,7 @@ from partq.replication.protocol import (
     lsn_field,
 )
 from partq.storage.encoding import pack_u64
-from partq.wire.frames import FrameError, recv_frame, send_frame
+from partq.wire.frames import recv_frame, send_frame
 
 log = logging.getLogger("partq.replication")
 

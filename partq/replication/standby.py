@@ -22,6 +22,7 @@ import crc32c
 from partq.errors import (
     AuthenticationFailed,
     Diverged,
+    FrameError,
     PartqError,
     PeerRefused,
     ProtocolMismatch,
@@ -45,7 +46,7 @@ from partq.replication.snapshot import install_snapshot, received, remove_leftov
 from partq.replication.status import ReplicationStatus, u64
 from partq.storage.encoding import pack_u64
 from partq.storage.writer import decode_change
-from partq.wire.frames import FrameError, parse_address, recv_frame, send_frame
+from partq.wire.frames import parse_address, recv_frame, send_frame
 from partq.wire.handshake import client_handshake
 
 log = logging.getLogger("partq.replication")

@@ -21,7 +21,7 @@ import uuid
 
 import msgpack
 
-from partq.wire.frames import FrameError
+from partq.errors import FrameError
 
 KEY = b"timelines"
 LEGACY_KEY = b"timeline"      # a single timeline id, written before histories existed

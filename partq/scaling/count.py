@@ -1,4 +1,4 @@
-"""Changing a queue's partition count (S18, step 4 of the procedure), one commit per step so
+"""Changing a queue's partition count (rule `scaling`, step 4 of the procedure), one commit per step so
 that statuses are visible to every process, and finished by whichever process gets there first.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from partq.storage import crashpoints
 
 def change_count(broker, name: str, partitions: int, progress=None,
                  online: bool = False) -> QueueConfig:
-    """Change the partition count (S18), one step per commit so statuses are visible.
+    """Change the partition count (rule `scaling`), one step per commit so statuses are visible.
 
-    ``online`` (S37): ingress may stay on; the commit that switches the key mapping records
+    ``online`` (rule `online-scaling`): ingress may stay on; the commit that switches the key mapping records
     each old partition's cut-over, and delivery holds a moved key's new messages until its old
     partition drained past it (``partq.delivery.holds``). Refused while an earlier online
     scaling has not drained yet. An offline change forgets any cut-over (no order is promised

@@ -1,4 +1,5 @@
-"""The seed's partition-scaling procedure (seed 001, S18/S19), one step at a time, with waits.
+"""The partition-scaling procedure of Solace's partition scaling document (rules `scaling` and
+`ingress-egress`), one step at a time, with waits.
 
     1 disable ingress                 5 wait for the rebalance
     2 wait until every partition      6 wait for the DR-standby to follow
@@ -6,7 +7,7 @@
     3 wait for the DR-standby
     4 change the partition count
 
-Online (S37, ``online=True``): ingress stays on, so steps 1, 2, 3 and 7 are skipped; step 4
+Online (rule `online-scaling`, ``online=True``): ingress stays on, so steps 1, 2, 3 and 7 are skipped; step 4
 records the cut-over that keeps per-key order (``partq.delivery.holds``).
 
 ``run`` drives the steps and reports each through a ``Reporter`` (the CLI prints lines or JSON).
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from partq.status import QueueStatus
 
 POLL = 0.05
-StepFailed = ScalingStepFailed
 
 
 class Reporter:
@@ -60,7 +60,7 @@ def replication_status(broker):
 def wait_for_standby(broker, queue: str, phase: str, timeout: float, *,
                      clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Steps 3 and 6: the hook for DR replication (S27).
+    """Steps 3 and 6: the hook for DR replication (rule `replication`).
 
     ``phase`` is "drained" (step 3: the standby has every ack of the drain) or "scaled" (step 6:
     the standby has the new partition count). Both mean: the standby applied every change the
@@ -84,10 +84,10 @@ def wait_for_standby(broker, queue: str, phase: str, timeout: float, *,
     deadline = clock() + timeout
     while status.applied_lsn < target:
         if clock() >= deadline:
-            raise StepFailed(3 if phase == "drained" else 6,
-                             f"the DR-standby did not catch up within {timeout:g} s (applied LSN "
-                             f"{status.applied_lsn} of {target}); check the link with `partq dr "
-                             f"status`, or raise --standby-timeout")
+            raise ScalingStepFailed(3 if phase == "drained" else 6,
+                                    f"the DR-standby did not catch up within {timeout:g} s (applied LSN "
+                                    f"{status.applied_lsn} of {target}); check the link with `partq dr "
+                                    f"status`, or raise --standby-timeout")
         sleep(POLL)
         status = replication_status(broker)
     return {"standby": [getattr(link, "standby_id", None) for link in links], "waited": True,
@@ -136,7 +136,7 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
         stop: Callable[[], bool] = lambda: False, online: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep) -> dict:
-    """Scale ``queue`` to ``target`` partitions by the seed's seven steps. Returns a summary.
+    """Scale ``queue`` to ``target`` partitions by the procedure's seven steps. Returns a summary.
 
     ``stop()`` is checked between steps and while a step waits; when it turns true the
     procedure ends with ``ScalingInterrupted``, ingress restored. A procedure recorded for the
@@ -222,13 +222,13 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
             reporter.drain(st.depth, initial)
             if clock() >= deadline:
                 left = [f"{p.partition}:{p.depth}" for p in st.partitions if p.depth]
-                raise StepFailed(2, f"step 2 (drain) timed out after {drain_timeout:g} s with "
-                                    f"{st.depth} messages left (partition:depth {' '.join(left[:8])}"
-                                    f"{' ...' if len(left) > 8 else ''}); ingress is enabled "
-                                    f"again and the partition count is unchanged: let consumers "
-                                    f"drain {queue!r} and run scale again, raise --drain-timeout, "
-                                    f"or pass --no-drain to accept losing messages in removed "
-                                    f"partitions")
+                raise ScalingStepFailed(2, f"step 2 (drain) timed out after {drain_timeout:g} s with "
+                                        f"{st.depth} messages left (partition:depth {' '.join(left[:8])}"
+                                        f"{' ...' if len(left) > 8 else ''}); ingress is enabled "
+                                        f"again and the partition count is unchanged: let consumers "
+                                        f"drain {queue!r} and run scale again, raise --drain-timeout, "
+                                        f"or pass --no-drain to accept losing messages in removed "
+                                        f"partitions")
             wait(2)
             st = broker.queue_status(queue)
         reporter.drain(0, initial)
@@ -272,10 +272,10 @@ def run(broker, queue: str, target: int, *, drain: bool, drain_timeout: float,
                 reporter.note(5, f"waiting: {why}")
                 last = why
             if clock() >= deadline:
-                raise StepFailed(5, f"step 5 (rebalance) timed out after {rebalance_timeout:g} s "
-                                    f"({why}); the queue already has {target} partitions and "
-                                    f"ingress is enabled again: check its consumers with `partq "
-                                    f"queue show {queue}`, or raise --rebalance-timeout")
+                raise ScalingStepFailed(5, f"step 5 (rebalance) timed out after {rebalance_timeout:g} s "
+                                        f"({why}); the queue already has {target} partitions and "
+                                        f"ingress is enabled again: check its consumers with `partq "
+                                        f"queue show {queue}`, or raise --rebalance-timeout")
             wait(5)
 
     def enable() -> tuple[str, dict]:

@@ -40,7 +40,7 @@ class Procedure:
     host: str
     started_ns: int
     state: str = "running"
-    online: bool = False        # S37: ingress stays on; steps 1-3 and 7 are skipped
+    online: bool = False        # rule `online-scaling`: ingress stays on; steps 1-3 and 7 are skipped
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,15 +13,11 @@ import threading
 import crc32c
 import msgpack
 
-from partq.errors import PartqError
+from partq.errors import FrameError, PartqError
 
 HEADER = struct.Struct(">II")
 MAX_FRAME = 256 << 20
 CHUNK = 1 << 20
-
-
-class FrameError(Exception):
-    """A frame failed its checks; the connection that carried it ends."""
 
 
 def encode_frame(obj) -> bytes:
@@ -38,18 +34,19 @@ def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME):
     return _read(lambda n: recv_exact(sock, n), max_frame)
 
 
-def read_frame(stream, max_frame: int = MAX_FRAME):
+def read_frame(stream, max_frame: int = MAX_FRAME, max_items: int | None = None):
     """``recv_frame`` from a buffered binary stream (``socket.makefile("rb")``): one system call
-    reads many small frames."""
+    reads many small frames. ``max_items`` bounds every array and map of the frame, so a small
+    frame cannot decode into millions of objects."""
     def read(n: int) -> bytes:
         data = stream.read(n)
         if len(data) < n:
             raise FrameError(f"connection closed mid-frame ({len(data)} of {n} bytes)")
         return data
-    return _read(read, max_frame)
+    return _read(read, max_frame, max_items)
 
 
-def _read(read, max_frame: int):
+def _read(read, max_frame: int, max_items: int | None = None):
     """One frame through ``read(n)`` (exactly n bytes, or ``FrameError``): its length checked
     before the body is read, then its checksum, then its msgpack."""
     length, crc = HEADER.unpack(read(HEADER.size))
@@ -59,7 +56,13 @@ def _read(read, max_frame: int):
     if crc32c.crc32c(body) != crc:
         raise FrameError("frame crc32c mismatch")
     try:
-        return msgpack.unpackb(body, raw=False)
+        if max_items is None:
+            return msgpack.unpackb(body, raw=False)
+        return msgpack.unpackb(body, raw=False, max_array_len=max_items, max_map_len=max_items)
+    except ValueError as exc:
+        if "exceeds max" in str(exc):
+            raise FrameError(f"a frame holds more than {max_items} items in one array") from None
+        raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
     except Exception as exc:
         raise FrameError(f"undecodable frame ({type(exc).__name__})") from None
 
@@ -68,7 +71,9 @@ class Outbox:
     """Frames queued by any thread, written by one thread in as few system calls as possible:
     what piles up while a write is under way goes out in the next one (requests of a pipelining
     client, deliveries and answers of a server). ``close()`` ends the writer once what is queued
-    is written; a failed write closes it too (``on_error`` is told)."""
+    is written; a failed write closes it too (``on_error`` is told). ``pending_bytes()`` counts
+    what is queued or being written, so that producers can wait for a slow reader
+    (``wait_below``) instead of piling up memory."""
 
     def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None) -> None:
         self._sock = sock
@@ -76,6 +81,7 @@ class Outbox:
         self._frames: list[bytes] = []
         self._poked = False
         self._closed = False
+        self._pending = 0
         self._on_error = on_error
         self._gather = gather          # () -> more frames, called before each write
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -87,7 +93,18 @@ class Outbox:
             if self._closed:
                 raise OSError("the connection is closed")
             self._frames.append(data)
+            self._pending += len(data)
             self._cond.notify()
+
+    def pending_bytes(self) -> int:
+        with self._cond:
+            return self._pending
+
+    def wait_below(self, limit: int, timeout: float) -> bool:
+        """Wait until fewer than ``limit`` bytes are pending, or the outbox closed (True), or
+        ``timeout`` seconds passed (False)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending < limit or self._closed, timeout)
 
     def poke(self) -> None:
         """Wake the writer: ``gather`` has something."""
@@ -111,10 +128,17 @@ class Outbox:
                 frames += self._gather()
             try:
                 if frames:
-                    self._sock.sendall(b"".join(frames))
+                    data = b"".join(frames)
+                    frames.clear()
+                    self._sock.sendall(data)
+                    with self._cond:
+                        self._pending = max(0, self._pending - len(data))
+                        self._cond.notify_all()
+                    frames.append(data)      # something was written: not the closing round
             except OSError as exc:
                 with self._cond:
                     self._closed = True
+                    self._cond.notify_all()
                 if self._on_error is not None:
                     self._on_error(exc)
                 return

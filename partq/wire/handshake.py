@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import socket
+import stat
+from collections.abc import Callable
 
+from partq.errors import HandshakeFailed
 from partq.wire.frames import MAX_FRAME, recv_frame, send_frame
+
+log = logging.getLogger("partq.listener")
 
 PROTOCOL = "partq"
 WIRE_VERSION = 1
@@ -27,7 +33,8 @@ def _proof(token: bytes, side: bytes, first: bytes, second: bytes) -> bytes:
 
 
 def server_handshake(sock: socket.socket, role: str, token: bytes | None,
-                     timeout: float, max_frame: int = MAX_FRAME) -> dict:
+                     timeout: float, max_frame: int = MAX_FRAME,
+                     admit: Callable[[], str | None] | None = None) -> dict:
     """Run the server side of the handshake; return the client's hello. Raises
     ``HandshakeFailed`` (after telling the client why) on a wrong token, another protocol or
     version, or a client that stalls past ``timeout``."""
@@ -51,8 +58,11 @@ def server_handshake(sock: socket.socket, role: str, token: bytes | None,
         given = hello.get("proof")
         if not isinstance(given, bytes) or not hmac.compare_digest(
                 given, _proof(token, b"client", nonce, client_nonce)):
-            raise _refuse(sock, "authentication failed: wrong or missing token")
+            raise refuse(sock, "authentication failed: wrong or missing token", kind="auth")
         proof = _proof(token, b"server", client_nonce, nonce)
+    refusal = admit() if admit is not None else None
+    if refusal is not None:
+        raise refuse(sock, refusal, kind="busy")
     send_frame(sock, {"op": "welcome", "proof": proof})
     sock.settimeout(None)
     return hello
@@ -90,8 +100,11 @@ def client_handshake(sock: socket.socket, role: str, token: bytes | None, timeou
     reply = recv_frame(sock, HANDSHAKE_FRAME)
     if not isinstance(reply, dict) or reply.get("op") != "welcome":
         reason = reply.get("reason") if isinstance(reply, dict) else None
-        if reason and "authentication" in reason:
+        kind = reply.get("kind") if isinstance(reply, dict) else None
+        if kind == "auth":
             raise AuthenticationFailed(f"the server refused the token: {reason}")
+        if kind == "busy":
+            raise PeerRefused(f"the listener refused the connection: {reason}")
         raise ProtocolMismatch(f"the server refused the connection: {reason or 'no reason'}")
     if token is not None:
         proof = reply.get("proof")
@@ -103,19 +116,17 @@ def client_handshake(sock: socket.socket, role: str, token: bytes | None, timeou
     return hello
 
 
-class HandshakeFailed(Exception):
-    """A peer failed the handshake; it was told why and its connection ends."""
-
-
 def _refuse(sock: socket.socket, reason: str) -> HandshakeFailed:
-    return refuse(sock, reason)
+    return refuse(sock, reason, kind="protocol")
 
 
-def refuse(sock: socket.socket, reason: str) -> HandshakeFailed:
-    """Tell a peer why it is refused (one frame, best effort) and return the error to raise;
-    a client's ``client_handshake`` raises ``PeerRefused`` with that reason."""
+def refuse(sock: socket.socket, reason: str, kind: str = "busy") -> HandshakeFailed:
+    """Tell a peer why it is refused (one frame, best effort) and return the error to raise.
+    ``kind`` says what the client raises: ``"busy"`` (full, protected mode: ``PeerRefused``, a
+    ``ServerUnavailable`` worth retrying), ``"auth"`` (``AuthenticationFailed``) or
+    ``"protocol"`` (``ProtocolMismatch``)."""
     try:
-        send_frame(sock, {"op": "refused", "reason": reason})
+        send_frame(sock, {"op": "refused", "reason": reason, "kind": kind})
     except OSError:
         pass
     return HandshakeFailed(reason)
@@ -123,18 +134,24 @@ def refuse(sock: socket.socket, reason: str) -> HandshakeFailed:
 
 def read_token(token: str | bytes | None = None, token_file: str | None = None) -> bytes | None:
     """The shared token as bytes, given directly or as a file (its first line); None for none.
-    A token shorter than 16 bytes is refused: it could be guessed."""
+    A token shorter than 16 bytes is refused: it could be guessed. A token file that users other
+    than its owner may read gets a warning (as ssh warns of a private key others may read)."""
     from partq.errors import InvalidConfig
     if token is not None and token_file is not None:
         raise InvalidConfig("pass a token or a token file, not both")
     if token_file is not None:
         try:
             with open(token_file, "rb") as f:
+                mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
                 lines = f.read().splitlines()
         except OSError as exc:
             raise InvalidConfig(f"cannot read the token file {token_file}: {exc.strerror}") \
                 from None
         token = lines[0] if lines else b""
+        if mode & 0o077:
+            log.warning("the token file %s may be read by other users (mode %04o): anyone who "
+                        "reads it can connect as a client or a standby; run `chmod 600 %s`",
+                        token_file, mode, token_file)
     if token is None:
         return None
     raw = token.encode() if isinstance(token, str) else bytes(token)

@@ -1,8 +1,11 @@
-"""A TCP listener with the limits every partq listener keeps (S34): TLS when given a context, the
-handshake of ``partq.wire`` (a token proven by challenge-response), a handshake timeout, a
-connection limit, and protected mode: without a token only loopback peers are let in, as Redis
-does, and the listener says so when it starts. A peer that breaks a rule loses its own
-connection, with a log line; the listener and the other peers go on.
+"""A TCP listener with the limits every partq listener keeps: TLS when given a context, the
+handshake of ``partq.wire`` (a token proven by challenge-response), one deadline for the whole
+handshake (TLS included), a bound on connections still in their handshake (the oldest is cut off
+to admit a new one: ``partq.wire.admission``), a separate limit of connections that passed it,
+so unauthenticated peers can never take an authenticated peer's slot, and protected mode:
+without a token only loopback peers are let in, as Redis does, and the listener says so when it
+starts. A peer that breaks a rule loses its own connection, with a log line; the listener and
+the other peers go on.
 
 The handler a listener is given runs in a thread per connection, after the handshake, with the
 socket (TLS-wrapped when configured) and the peer's hello; it owns the socket from then on and
@@ -18,9 +21,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from partq.errors import InvalidConfig
-from partq.wire.frames import FrameError, parse_address
-from partq.wire.handshake import HandshakeFailed, refuse, server_handshake
+from partq.errors import FrameError, HandshakeFailed, InvalidConfig
+from partq.wire.admission import Admission
+from partq.wire.frames import parse_address
+from partq.wire.handshake import refuse, server_handshake
 
 log = logging.getLogger("partq.listener")
 
@@ -32,9 +36,16 @@ CLOSE_WAIT = 10.0          # seconds close() waits for each connection's handler
 class Limits:
     """What one connection may cost the listener."""
     max_frame: int = 16 << 20          # bytes per frame read from a peer
-    handshake_timeout: float = 5.0     # seconds from accept to the end of the handshake
+    handshake_timeout: float = 5.0     # seconds from accept to the end of the handshake, in all
     idle_timeout: float = 60.0         # seconds without a frame (or mid-frame) from a peer
-    max_connections: int = 256
+    max_connections: int = 256         # connections that passed the handshake
+    max_handshakes: int = 64           # connections in their handshake; the oldest gives way
+    # what one connection of ``partq serve`` may hold (the other listeners read small frames)
+    max_pending_bytes: int = 4 << 20   # answers and pushes not yet read by the peer; past it the
+                                       # server reads no more of its requests (backpressure)
+    max_push_bytes: int = 4 << 20      # pushes queued for the peer: flows deliver no more
+    max_flows: int = 64                # flows bound over one connection
+    max_batch: int = 10_000            # items of one publish
 
 
 def is_loopback(host: str) -> bool:
@@ -52,6 +63,7 @@ class Listener:
         self.role, self.token, self.ssl_context, self.limits = role, token, ssl_context, limits
         self._handler = handler
         self._stop = threading.Event()
+        self._admission = Admission(limits.max_handshakes, limits.handshake_timeout)
         self._active: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -72,6 +84,9 @@ class Listener:
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
+            for late in self._admission.reap():
+                log.warning("%s listener cut off %s: no handshake within %g s", self.role,
+                            _peer_of(late), self.limits.handshake_timeout)
             try:
                 conn, peer = self._sock.accept()
             except TimeoutError:
@@ -85,18 +100,11 @@ class Listener:
                 self._stop.wait(ACCEPT_POLL)
                 continue
             where = f"{peer[0]}:{peer[1]}"
-            with self._lock:
-                full = len(self._active) >= self.limits.max_connections
-                if not full:
-                    self._active.add(conn)
-            if full:
-                log.warning("%s listener refused %s: %d connections already", self.role, where,
-                            self.limits.max_connections)
-                conn.settimeout(0)       # the refusal is best effort: never block accepting
-                refuse(conn, f"the {self.role} listener serves {self.limits.max_connections} "
-                             f"connections already; retry later")
-                conn.close()
-                continue
+            evicted = self._admission.admit(conn)
+            if evicted is not None:
+                log.warning("%s listener cut off %s, the oldest of %d connections still in their "
+                            "handshake, to admit %s", self.role, _peer_of(evicted),
+                            self.limits.max_handshakes, where)
             thread = threading.Thread(target=self._serve, args=(conn, where, peer[0]),
                                       name=f"partq-{self.role}-conn", daemon=True)
             with self._lock:
@@ -115,7 +123,7 @@ class Listener:
             if self.ssl_context is not None:
                 sock = self.ssl_context.wrap_socket(conn, server_side=True)
             hello = server_handshake(sock, self.role, self.token, self.limits.handshake_timeout,
-                                     self.limits.max_frame)
+                                     self.limits.max_frame, admit=lambda: self._admit(conn))
         except (HandshakeFailed, FrameError, OSError, ssl.SSLError) as exc:
             log.warning("%s listener dropped %s during the handshake: %s", self.role, where, exc)
             self._done(conn, sock)
@@ -131,7 +139,20 @@ class Listener:
         finally:
             self._done(conn, sock)
 
+    def _admit(self, conn: socket.socket) -> str | None:
+        """Called once a peer proved itself, before it is welcomed: move it from the
+        handshake's slots to the authenticated ones, or say why not."""
+        if not self._admission.release(conn):
+            return "cut off: the handshake took too long"
+        with self._lock:
+            if len(self._active) >= self.limits.max_connections:
+                return (f"the {self.role} listener serves {self.limits.max_connections} "
+                        f"connections already; retry later")
+            self._active.add(conn)
+        return None
+
     def _done(self, conn: socket.socket, sock: socket.socket) -> None:
+        self._admission.release(conn)
         with self._lock:
             self._active.discard(conn)
         for s in {sock, conn}:
@@ -141,8 +162,9 @@ class Listener:
                 pass
 
     def connections(self) -> int:
+        """Open connections: those that passed the handshake and those still in it."""
         with self._lock:
-            return len(self._active)
+            return len(self._active) + self._admission.waiting()
 
     def close(self) -> None:
         """Stop accepting, end every connection and wait for its handler, and for the accept
@@ -155,6 +177,7 @@ class Listener:
         self._sock.close()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+        self._admission.cut_off_all()
         with self._lock:
             active, threads = list(self._active), list(self._threads)
         for conn in active:
@@ -164,3 +187,11 @@ class Listener:
                 pass
         for thread in threads:       # each ends its session (unbinding its flows) and logs
             thread.join(timeout=CLOSE_WAIT)
+
+
+def _peer_of(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "a peer"

@@ -1,12 +1,13 @@
 """Fixtures for the broker tests (``clock``, ``broker``, ``open_broker`` and ``data_dir`` come
 from tests/conftest.py).
 
-STYLE 9: the broker tests run with both unkeyed partitioners. A test that publishes to a
-partitioned queue and checks what is delivered takes ``partitioner`` and creates its queue with
+One suite, many configurations: the broker tests run with both unkeyed partitioners. A test that publishes to
+a partitioned queue and checks what is delivered takes ``partitioner`` and creates its queue with
 ``partitioner=partitioner``, so it runs once per partitioner: its assertions must hold wherever
 unkeyed messages go. Tests about something else (two processes or brokers sharing a directory,
-an idle flow's CPU, refused binds, exclusive queues, the pure rebalancer core) do not take it,
-nor would a test of one partitioner on purpose (those live in tests/test_partitioners.py).
+an idle flow's CPU, refused binds, exclusive queues) do not take it, nor would a test of one
+partitioner on purpose (those live in tests/core/test_partitioners.py, beside the pure
+rebalancer's tests).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exclusive (non-partitioned) queues and changes of access type (S19, seeds 001 and 003).
+"""Exclusive (non-partitioned) queues and changes of access type (rule `ingress-egress`).
 
 An exclusive queue keeps its messages in the parent queue's log (partition ``PARENT``) and
 delivers them to one flow at a time, the others standing by. Changing a queue between

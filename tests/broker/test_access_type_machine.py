@@ -123,7 +123,7 @@ class AccessMachine(RuleBasedStateMachine):
                 flow.ack(m)
             except partq.FlowFenced:
                 # a flow closed by a change acks a parent message after the queue became
-                # exclusive again: the parent log is delivered anew, the ack is fenced (S33)
+                # exclusive again: the parent log is delivered anew, the ack is fenced (rule `fencing`)
                 assert self.exclusive and m.partition == PARENT and flow.closed
                 continue
             if m.seq in self.unacked.get(m.partition, ()):
@@ -141,7 +141,7 @@ class AccessMachine(RuleBasedStateMachine):
         self.held = [(f, m) for f, m in self.held if m.partition == PARENT]  # may still be acked
         if self.exclusive:
             for p in range(N):
-                self.unacked.pop(p, None)        # removed with their partitions (seed 001)
+                self.unacked.pop(p, None)        # removed with their partitions (rule `scaling`)
             self.parent_next = 0                 # redelivery of the parent starts over
 
     @rule()

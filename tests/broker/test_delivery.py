@@ -1,6 +1,6 @@
-"""Delivery through the Broker on real LMDB directories: order (S3), the unacked bound (S14), nack,
-durable acks across a restart (S25), and the process model (publish from another process; one
-delivery owner per queue)."""
+"""Delivery through the Broker on real LMDB directories: order (rule `partition-order`), the
+unacked bound (rule `max-unacked`), nack, durable acks across a restart (rule `crash-recovery`),
+and the process model (publish from another process; one delivery owner per queue)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ import partq
 # ---------------------------------------------------------------------- helpers
 
 def keys_for_partitions(n: int, count_per_partition: int = 1) -> dict[int, list[str]]:
-    """Key strings landing in each partition under S1 (crc32c % n)."""
+    """Key strings landing in each partition under rule `key-hash` (crc32c % n)."""
     found: dict[int, list[str]] = {p: [] for p in range(n)}
     i = 0
     while any(len(v) < count_per_partition for v in found.values()):
@@ -90,7 +90,7 @@ def test_per_key_order_many_keys_two_flows(broker, clock, partitioner):
         assert order == sorted(order), key
 
 
-# ---------------------------------------------------------------------- S14
+# ---------------------------------------------------------------------- max unacked
 def test_max_delivered_unacked_per_flow(broker, partitioner):
     broker.create_queue("q", partitions=3, max_delivered_unacked_per_flow=4,
                         partitioner=partitioner)
@@ -179,7 +179,7 @@ def test_nack_other_partition_unaffected(broker, partitioner):
     assert all(m.redelivered for m in again)
 
 
-# ---------------------------------------------------------------------- durability (S25)
+# ---------------------------------------------------------------------- durability (rule `crash-recovery`)
 def test_acks_are_durable_across_restart(open_broker, clock, partitioner):
     b = open_broker()
     b.create_queue("q", partitions=3, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
@@ -282,7 +282,7 @@ BINDER = """
 
 
 def test_a_second_process_binding_is_served_by_the_owner(broker, data_dir, clock):
-    """S29: DeliveryLocked never reaches a user who binds; the owner (this process, with a
+    """Rule `peer-flows`: DeliveryLocked never reaches a user who binds; the owner (this process, with a
     ManualClock: no rebalance happens until it ticks) serves the other process's flow."""
     broker.create_queue("q", partitions=2)
     broker.publish("q", b"x")

@@ -1,4 +1,4 @@
-"""Online scaling keeps per-key order (S37): the worked example of docs/behaviour.md and the
+"""Online scaling keeps per-key order (rule `online-scaling`): the worked example of docs/behaviour.md and the
 edges around it (restart, a second scaling, scale-down, unkeyed messages, status).
 
 The random walk over all of it is ``test_online_scaling_machine``."""

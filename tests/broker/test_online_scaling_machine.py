@@ -1,9 +1,10 @@
-"""A hypothesis state machine over online scaling (S37) of a real Broker (LMDB directory,
+"""A hypothesis state machine over online scaling (rule `online-scaling`) of a real Broker (LMDB directory,
 ManualClock): keyed and unkeyed publishes, receive, ack, unbind/rebind, online scale up and down,
 restart.
 
 The model keeps every message published: its key, partition, sequence and whether it was acked
-or dropped (a scale-down deletes its removed partitions with what they hold, as the seed says).
+or dropped (a scale-down deletes its removed partitions with what they hold, as rule `scaling`
+says).
 Checked at every delivery, the per-key order rule across the cut-over: when a message of key k
 is delivered, every earlier message of k in another partition has been acked or dropped, and
 every earlier one in the same partition has been delivered since the last restart (or acked or
@@ -152,7 +153,7 @@ class OnlineScalingMachine(RuleBasedStateMachine):
 
     def ack_one(self, name: str, m: partq.Message) -> None:
         """Ack ``m``; a flow that lost its partition to a rebalance (a scaling moves partitions)
-        is fenced (S33): the message comes back to the partition's new flow."""
+        is fenced (rule `fencing`): the message comes back to the partition's new flow."""
         msg = self.by_id[(m.partition, m.seq)]
         try:
             self.flows[name].ack(m)

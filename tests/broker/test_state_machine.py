@@ -3,18 +3,19 @@
 and broker restarts, against a small model.
 
 Checked after every step:
-* S4: no partition is held by two live flows; queue_status agrees with the flows' own view, and no
-  partition is Unassigned while a flow is bound;
-* S14: no flow holds more than max_delivered_unacked_per_flow unacked;
+* rule `one-flow-per-partition`: no partition is held by two live flows; queue_status agrees with the flows'
+  own view, and no partition is Unassigned while a flow is bound;
+* rule `max-unacked`: no flow holds more than max_delivered_unacked_per_flow unacked;
 * no acked message is ever delivered again;
-* S3: a first-time delivery of (p, seq) happens only after every earlier message of partition p
-  (hence of its key) was delivered, and a message delivered before is always marked redelivered
+* rule `partition-order`: a first-time delivery of (p, seq) happens only after every earlier message of
+  partition p (hence of its key) was delivered, and a message delivered before is always marked redelivered
   (a first delivery is marked only after a restart: the documented false positive);
 * the broker's per-flow unacked count equals the model's (messages of a partition that moved
   away are forgotten and go to the new owner);
-* S15/S17: a rebind by name, or with a hint equal to a ghost's set, within the delay gets exactly
-  that set; named consumers re-bound right after a restart get their partitions back.
-Checked when the `settle` rule runs (clock far ahead, timers run): S6 balance, every partition
+* rules `bind-hint` and `named-flows`: a rebind by name, or with a hint equal to a ghost's set, within the
+  delay gets exactly that set; named consumers re-bound right after a restart get their partitions back.
+Checked when the `settle` rule runs (clock far ahead, timers run): balance (rule `balanced`), every
+partition
 held, statuses Ready. At teardown everything is drained: every published message was delivered
 and acked (nothing lost). `bind_while_busy` scales out while every consumer holds unacked
 messages, so handoffs regularly have to wait (Paused) for acks or max_handoff_time.
@@ -114,7 +115,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 earlier = [s for s in self.by_partition[m.partition] if s < m.seq]
                 missing = [s for s in earlier if (m.partition, s) not in self.delivered]
                 assert not missing, (f"first delivery of {mid} before earlier messages "
-                                     f"{missing} of its partition (S3)")
+                                     f"{missing} of its partition (rule `partition-order`)")
                 if m.key is not None:
                     before = self.by_key[m.key][: self.by_key[m.key].index(mid)]
                     assert all(x in self.delivered for x in before), f"key order broken at {mid}"
@@ -171,7 +172,7 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), named=st.booleans())
     def bind_while_busy(self, data, named):
         """Scale out while every consumer holds unacked messages, then let the delay pass: the
-        handoffs this starts have to wait for acks or for max_handoff_time (seed 000)."""
+        handoffs this starts have to wait for acks or for max_handoff_time (rule `handoff`)."""
         for slot, flow in list(self.flows.items()):
             self.on_received(slot, flow.receive(20))
         slot = data.draw(st.sampled_from([s for s in SLOTS if s not in self.flows]), label="slot")
@@ -273,7 +274,7 @@ class BrokerMachine(RuleBasedStateMachine):
         for slot in named:
             self.do_bind(slot, True)
             assert self.flows[slot].partitions == before[slot], \
-                f"named consumer c{slot} lost its partitions across a restart (S17)"
+                f"named consumer c{slot} lost its partitions across a restart (rule `named-flows`)"
 
     @rule()
     def settle(self):
@@ -289,7 +290,8 @@ class BrokerMachine(RuleBasedStateMachine):
         seen: dict[int, int] = {}
         for slot, flow in self.flows.items():
             for p in flow.partitions:
-                assert p not in seen, f"partition {p} held by c{seen[p]} and c{slot} (S4)"
+                assert p not in seen, \
+                    f"partition {p} held by c{seen[p]} and c{slot} (rule `one-flow-per-partition`)"
                 assert 0 <= p < self.n
                 seen[p] = slot
             assert flow.unacked <= self.max_unacked
@@ -314,7 +316,7 @@ class BrokerMachine(RuleBasedStateMachine):
         counts = sorted((len(f.partitions) for f in self.flows.values()), reverse=True)
         assert sum(counts) == self.n, "every partition is held when a flow is bound"
         active = counts[: self.n]
-        assert max(active) - min(active) <= 1, f"unbalanced after settling: {counts} (S6)"
+        assert max(active) - min(active) <= 1, f"unbalanced after settling: {counts} (rule `balanced`)"
         assert sum(1 for c in counts if c) == min(self.n, len(counts))
 
     # ------------------------------------------------------------------ the end
@@ -330,7 +332,7 @@ class BrokerMachine(RuleBasedStateMachine):
                 if got:
                     progressed = True
                     self.on_received(slot, got)
-                self.prune_held()      # what moved away is fenced (S33): the new owner acks it
+                self.prune_held()      # what moved away is fenced (rule `fencing`): the new owner acks it
                 held = self.held.get(slot, [])
                 if held:
                     progressed = True

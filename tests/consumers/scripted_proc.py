@@ -1,5 +1,5 @@
 """A consumer process driven line by line, for deterministic tests of flows served by another
-process's delivery owner (S29, S33).
+process's delivery owner (rules `peer-flows` and `fencing`).
 
     python scripted_proc.py DATA QUEUE
 

@@ -1,7 +1,7 @@
-"""Acks from a flow served by another process's delivery owner (S29, S33), step by step: an
-ack batch that spans a partition the flow lost is refused whole, and acking the rest afterwards
-is durable (a lost partition must not leave acks in the follower's memory that never commit).
-And a stopped owner, which every such flow waits for, is named in the queue's status."""
+"""Acks from a flow served by another process's delivery owner (rules `peer-flows` and
+`fencing`), step by step: an ack batch that spans a partition the flow lost is refused whole,
+and acking the rest afterwards is durable (a lost partition must not leave acks in the peer process's memory
+that never commit). And a stopped owner, which every such flow waits for, is named in the queue's status."""
 from __future__ import annotations
 
 import json

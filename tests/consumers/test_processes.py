@@ -1,4 +1,5 @@
-"""Consumers in every process of the host (S29-S33): flows bound in processes that do not own a
+"""Consumers in every process of the host (rules `peer-flows`, `owner-takeover`,
+`serve`, `liveness` and `fencing`): flows bound in processes that do not own a
 queue's delivery, served by the owner's control socket and reading the store themselves. Real
 processes, killed with SIGKILL and stopped with SIGSTOP; tests wait on conditions read from the
 consumers' logs and the queue's status, never on sleeps."""
@@ -212,7 +213,8 @@ def test_a_killed_consumer_loses_nothing(consumers, victim):
 def test_a_consumer_back_within_the_delay_keeps_its_partitions(consumers):
     """A consumer whose process stops past consumer_timeout is unbound (its partitions are
     Unbound); resumed within the rebalance delay it reconnects presenting its partition set
-    and gets exactly those back: no handoff, no other partition moves (S15, S32)."""
+    and gets exactly those back: no handoff, no other partition moves (rules
+    `bind-hint` and `liveness`)."""
     data, start = consumers
     create(data, rebalance_delay=8.0, consumer_timeout=1.0)
     first = start("a")
@@ -250,8 +252,8 @@ def test_a_consumer_back_within_the_delay_keeps_its_partitions(consumers):
 
 def test_a_consumer_stopped_past_the_delay_is_fenced(consumers):
     """Stopped past consumer_timeout and the rebalance delay, a consumer loses its partitions;
-    after SIGCONT its ack of a held message is fenced (S33), and the message goes to the new
-    owner, marked redelivered; the returning consumer is a new member (S16)."""
+    after SIGCONT its ack of a held message is fenced (rule `fencing`), and the message goes to the new
+    owner, marked redelivered; the returning consumer is a new member (rule `stale-hint`)."""
     data, start = consumers
     create(data, rebalance_delay=1.0, consumer_timeout=1.0, max_handoff_time=0.2)
     keeper = start("keeper")

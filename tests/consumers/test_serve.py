@@ -1,4 +1,5 @@
-"""Consumers and publishers on other hosts (S31, S32, S34): ``partq serve`` and ``partq.connect``
+"""Consumers and publishers on other hosts (rules `serve`, `liveness` and `listener-security`):
+``partq serve`` and ``partq.connect``
 over real sockets on 127.0.0.1, with a token proven by challenge-response, real TLS with a
 certificate made by the test, and connections cut by a real TCP proxy in between."""
 from __future__ import annotations

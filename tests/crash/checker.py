@@ -34,14 +34,14 @@ The counts (``check`` returns them as a dict; ``VIOLATIONS`` must all be 0):
 * ``delivered_after_ack``: a delivery of an id after an ``acked`` line for it.
 * ``unmarked_redeliveries``: a delivery of an id already delivered (and not acked: those are
   ``delivered_after_ack``) without ``redelivered=True``. Duplicates are allowed only this way.
-* ``order_violations`` (S3), per key and partition (a key maps to one partition until a scaling
-  changes the count, and no order is promised across that change). For each (key, partition):
+* ``order_violations`` (rule `partition-order`), per key and partition (a key maps to one partition until a
+  scaling changes the count, and no order is promised across that change). For each (key, partition):
   (a) the *first* deliveries of its messages come in increasing seq order (seq order is publish
   order, checked by ``publish_order_violations``), and (b) a delivery whose seq is lower than
   the highest seq delivered before for that key and partition is marked redelivered.
   Each delivery breaking (a) or (b) counts once.
 * ``partition_order_violations``: the same two rules per partition (keys and unkeyed alike).
-* ``key_order_violations`` (S37), checked when every scaling was online: a message of key k
+* ``key_order_violations`` (rule `online-scaling`), checked when every scaling was online: a message of key k
   delivered while an earlier message of k (its publish returned before this one was attempted)
   in *another* partition is not acked yet, and was not in a partition a scale-down deleted.
   "Acked" here is the ``acked`` line, or for an async ack its ``ack_sent`` line (its commit
@@ -325,8 +325,8 @@ def dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
 
 
 class KeyOrder:
-    """The per-key order rule across partitions (S37): per key, its published messages in the
-    order their publishes returned, and which are acked so far in the stream."""
+    """The per-key order rule across partitions (rule `online-scaling`): per key, its published messages in
+    the order their publishes returned, and which are acked so far in the stream."""
 
     def __init__(self, attempts: dict, published: dict, scales: list[dict],
                  stream: list[dict]) -> None:

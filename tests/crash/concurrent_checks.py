@@ -1,5 +1,5 @@
-"""The delivery-side checks when several consumer processes delivered at the same time (S29:
-flows of every process, served by the delivery owner).
+"""The delivery-side checks when several consumer processes delivered at the same time (rule
+`peer-flows`: flows of every process, coordinated by the delivery owner).
 
 Logs of concurrent processes cannot be concatenated into one real order. Every consumer event
 carries an interval instead: ``t0`` (monotonic time before the call: receive, ack) and ``t``
@@ -12,7 +12,7 @@ checked only where the order is certain, so it never reports a violation that di
   delivery of the same id returned;
 * ``order_violations`` / ``partition_order_violations``: the per-(key, partition) and
   per-partition rules of ``checker``, within each process's life (one log);
-* ``key_order_violations`` (S37, when every scaling was online): a delivery of key k that
+* ``key_order_violations`` (rule `online-scaling`, when every scaling was online): a delivery of key k that
   returned before the first ack call (``ack_sent`` or ``acked``'s ``t0``) of an earlier message
   of k in another partition began, that message being acked at all in the logs.
 

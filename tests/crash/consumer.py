@@ -3,16 +3,16 @@
     python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P] [--prefix c]
 
 Opens the broker, then binds its flows (named PREFIX0, PREFIX1: a restarted consumer gets its
-partitions back, S17), retrying while another consumer process holds those names (a standby
+partitions back, rule `named-flows`), retrying while another consumer process holds those names (a standby
 consumer process waits here until the other dies). Consumer processes with other prefixes
-consume at the same time (S29): one of them owns delivery and serves the others' flows. Every
+consume at the same time (rule `peer-flows`): one of them owns delivery and serves the others' flows. Every
 ``delivered`` and ``acked`` line carries ``t0``, the time before the call (``concurrent_checks``
 orders events of concurrent processes by these intervals). Logs ``bound`` once it owns delivery, every
 delivery before doing anything with it, and ``acked`` after ack_many returned (or, for some
 batches, after the ``ack_many_async`` result of the previous loop returned). With two flows
 and ``--churn`` it unbinds and rebinds the second flow now and then, so partitions are handed
 off between flows while messages are in flight; held messages are acked later through the flow
-that received them: acks of those whose partition moved meanwhile are fenced (S33, FlowFenced),
+that received them: acks of those whose partition moved meanwhile are fenced (rule `fencing`, FlowFenced),
 and the others are acked.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import partq
 
 def bind_all(broker, names, queue):
     """Bind every flow, or none. Another consumer process of the harness binds the same names:
-    its flows are served to this process too (S29), so a name it holds is refused here until
+    its flows are served to this process too (rule `peer-flows`), so a name it holds is refused here until
     it dies; this process then waits, as a standby consumer process, and takes over."""
     while True:
         flows = []

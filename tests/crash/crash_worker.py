@@ -11,11 +11,11 @@ run. The workload passes every crash point at least 20 times:
    once per multi-partition batch);
 2. flow "a" consumes in small receives, acks (at_ack, during_truncation), nacks one batch and
    holds another that it acks late (its partitions have not moved: the acks count);
-3. scale 3 -> 9 online (S37) with messages delivered and unacked (during_scaling per partition
-   created, after_cutover), more publishes; keys that moved wait for the unacked ones;
+3. scale 3 -> 9 online (rule `online-scaling`) with messages delivered and unacked (during_scaling per
+   partition created, after_cutover), more publishes; keys that moved wait for the unacked ones;
 4. four cycles of: flow "b" binds, the holddown ends, partitions are handed off from "a" (one
    handoff waits for an ack, the others time out: during_handoff on every reassignment), both
-   consume, "a" acks late what it kept (acks of partitions that moved are fenced, S33), "b"
+   consume, "a" acks late what it kept (acks of partitions that moved are fenced, rule `fencing`), "b"
    unbinds and its partitions come back to "a" after the delay;
 5. scale 9 -> 4 (deletes partitions 8..4 and their messages, logged for the checker), 4 -> 9,
    9 -> 3 (during_scaling per partition created or deleted), publishes between them, all
@@ -78,7 +78,7 @@ def main(data: str, log_path: str) -> int:
             log.write(*({"op": "acked", "id": delivered_event(m)["id"]} for m in msgs))
 
     def late_ack(flow, msgs):
-        """Acks of messages whose partition moved away are fenced (S33): ack the others."""
+        """Acks of messages whose partition moved away are fenced (rule `fencing`): ack the others."""
         try:
             ack(flow, msgs)
         except partq.FlowFenced as exc:
@@ -152,7 +152,7 @@ def main(data: str, log_path: str) -> int:
             batch(3)
             single()
         consume(a)
-    log.write({"op": "done", "passes": dict(crashpoints._passes)})
+    log.write({"op": "done", "passes": crashpoints.passes()})
     b.close()
     return 0
 

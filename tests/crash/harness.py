@@ -161,8 +161,8 @@ class Round:
         self.max_handoff_time = rng.choice([0.0, 0.1, 0.3])
         n_scales = rng.choice([0, 1, 2, 3])
         self.scale_plan = sorted(rng.uniform(0.1, 0.8) * duration for _ in range(n_scales))
-        self.online = rng.random() < 0.5     # S37: per-key order across partitions is checked
-        # S29: consumer processes with their own flows, delivering side by side (one owns
+        self.online = rng.random() < 0.5     # rule `online-scaling`: per-key order is checked
+        # rule `peer-flows`: consumer processes with their own flows, delivering side by side (one owns
         # delivery and serves the others); otherwise one consumer process (and maybe a standby
         # process for the same names)
         self.spread = rng.choice([0, 0, 2, 3])

@@ -4,8 +4,8 @@
 
 Logs ``scale_begin`` (with the partition count it saw, and ``online``) before and ``scale_end``
 after. Run again after a kill, it first finishes the interrupted scaling (``scale`` does that),
-then scales to N if the count is not N already. ``--online`` (S37) first waits until an earlier
-online scaling's cut-over has drained (a second one is refused until then); after ``DRAIN_WAIT``
+then scales to N if the count is not N already. ``--online`` (rule `online-scaling`) first waits until an
+earlier online scaling's cut-over has drained (a second one is refused until then); after ``DRAIN_WAIT``
 seconds it logs ``scale_skipped`` and exits with ``SKIPPED``.
 """
 from __future__ import annotations

@@ -56,9 +56,7 @@ def spawn(cmd: dict) -> int:
         os.environ.pop("PARTQ_CRASH_AT", None)
         if spec:
             os.environ["PARTQ_CRASH_AT"] = spec
-        crashpoints._targets = crashpoints._parse(spec)
-        crashpoints._passes.clear()
-        crashpoints.ENABLED = bool(crashpoints._targets)
+        crashpoints.arm(spec)
         code = SCRIPTS[cmd["script"]].main(cmd["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

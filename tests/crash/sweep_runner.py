@@ -55,9 +55,7 @@ def start_worker(case: dict, root: str) -> int:
 
     def run():
         os.environ["PARTQ_CRASH_AT"] = spec
-        crashpoints._targets = crashpoints._parse(spec)
-        crashpoints._passes.clear()
-        crashpoints.ENABLED = True
+        crashpoints.arm(spec)
         return crash_worker.main(os.path.join(root, "data"), os.path.join(root, "worker.jsonl"))
     return _child(run, os.path.join(root, "worker.err"))
 
@@ -65,8 +63,7 @@ def start_worker(case: dict, root: str) -> int:
 def start_drain(root: str) -> int:
     def run():
         os.environ.pop("PARTQ_CRASH_AT", None)
-        crashpoints._targets = {}
-        crashpoints.ENABLED = False
+        crashpoints.arm("")
         return drain.main([os.path.join(root, "data"), os.path.join(root, "drain.jsonl"),
                            "--names", "a,b", "--timeout", "30"])
     return _child(run, os.path.join(root, "drain.err"))

@@ -250,8 +250,8 @@ def test_scale_down_drops_are_excused_only_in_removed_partitions_and_in_time():
 
 
 def test_key_order_across_an_online_scaling():
-    """S37: a key's message from its new partition before its old partition's earlier message
-    is acked is a violation when every scaling was online; not checked otherwise."""
+    """Rule `online-scaling`: a key's message from its new partition before its old partition's earlier
+    message is acked is a violation when every scaling was online; not checked otherwise."""
     def history(online, ack_old, sent_only=False):
         h = History().publish("a0", 1, 0).scale(4, 6, online=online).publish("a1", 4, 0)
         h.deliver("a0", 1, 0)

@@ -1,5 +1,5 @@
-"""The crash-point sweep (S25): every crash point, N = 1..20 (fewer where the workload passes
-the point fewer times, ``PASSES``) and some N further along the
+"""The crash-point sweep (rule `crash-recovery`): every crash point, N = 1..20 (fewer where the workload
+passes the point fewer times, ``PASSES``) and some N further along the
 workload (``FURTHER``), a worker killed by ``PARTQ_CRASH_AT=point:N``, then a fresh
 process reopens, drains, and the checker runs on both logs.
 

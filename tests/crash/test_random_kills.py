@@ -1,4 +1,5 @@
-"""Random SIGKILLs of real publisher, consumer and scaler processes sharing one directory (S25).
+"""Random SIGKILLs of real publisher, consumer and scaler processes sharing one directory (rule
+`crash-recovery`).
 
 Quick form (default): a few hundred kills in about a minute. Long form: ``PARTQ_CRASH_LONG=1``
 (thousands of kills; ``PARTQ_CRASH_ROUNDS`` and ``PARTQ_CRASH_ROUND_SECONDS`` resize it); it

@@ -69,7 +69,7 @@ def test_a_consumer_that_comes_back_keeps_its_partitions_and_nothing_moves(data_
         broker.tick()
         b.unbind()
         caplog.clear()
-        broker.bind("q", name="b")                   # within the delay (S15, S17)
+        broker.bind("q", name="b")                   # within the delay (rule `named-flows`)
         one(caplog, "flow b came back within the rebalance delay and keeps partition(s) 1")
         clock.advance(5.0)
         broker.tick()
@@ -87,7 +87,8 @@ def test_a_handoff_whose_source_leaves_is_logged(data_dir, clock, caplog):
         broker.bind("q", name="spare")
         clock.advance(1.0)
         broker.tick()
-        a.unbind()                  # a standby exists: its partitions move at once (S7)
+        # a standby exists: its partitions move at once (rule `rebalance-triggers`)
+        a.unbind()
         one(caplog, "handoff of partition 1 from a to b ended", "its source left",
             "redelivered to b")
 

@@ -1,4 +1,4 @@
-"""The metrics endpoint of an embedded broker (S39), scraped over real HTTP on 127.0.0.1 after a
+"""The metrics endpoint of an embedded broker (rule `metrics`), scraped over real HTTP on 127.0.0.1 after a
 scripted scenario driven by a ManualClock: publish, bind two flows, a holddown, a rebalance with
 one handoff that is acked and one that times out, redelivery, a nack, acks, a discard. Every
 value is checked against what the scenario did; then the broker is reopened and the durable
@@ -49,7 +49,7 @@ def _scenario(data_dir, clock) -> dict:
         a = broker.bind("orders", name="a")
         got_a = a.receive(100, timeout=0)
         assert len(got_a) == 40
-        c = broker.bind("orders", name="c")          # a second consumer: holddown (S7, S8)
+        c = broker.bind("orders", name="c")          # a second consumer: holddown (rule `rebalance-delay`)
         s = scrape(address)
         assert s.value("partq_queue_rebalance_status", queue="orders", status="Holddown") == 1
         assert s.value("partq_flows", queue="orders", status="active") == 1
@@ -215,23 +215,46 @@ def test_the_endpoint_bounds_connections_and_idle_peers(data_dir, clock):
         server = MetricsServer(broker, "127.0.0.1:0", max_connections=2, timeout=60)
         try:
             host, port = server.address.rsplit(":", 1)
-            with socket.create_connection((host, int(port))), \
+            with socket.create_connection((host, int(port))) as oldest, \
                     socket.create_connection((host, int(port))):
-                # both slots taken: a third connection is closed at once, unanswered
-                assert _refused(host, int(port))
-            wait_until(lambda: _answers(server.address), 30, "the endpoint answering again")
+                wait_until(lambda: server.connections_waiting() == 2, 30, "both slots taken")
+                # both slots held by silent peers: a scrape still gets in, and the oldest
+                # silent peer gives way
+                assert "partq_info" in scrape(server.address).names()
+                oldest.settimeout(30)
+                assert _closed(oldest)
         finally:
             server.close()
 
 
-def _refused(host: str, port: int) -> bool:
-    with socket.create_connection((host, port)) as sock:
-        sock.settimeout(30)
-        sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+def test_trickling_peers_never_keep_a_scrape_out(data_dir, clock):
+    """Sixteen peers that each send a byte now and then, as a slowloris does, hold every
+    slot; scrapes still succeed, every time."""
+    with partq.Broker.open(data_dir, clock=clock) as broker:
+        server = MetricsServer(broker, "127.0.0.1:0", max_connections=16, timeout=5)
+        host, port = server.address.rsplit(":", 1)
+        slow = [socket.create_connection((host, int(port))) for _ in range(16)]
         try:
-            return sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
+            for sock in slow:
+                sock.sendall(b"G")
+            for _ in range(5):
+                for sock in slow:
+                    try:
+                        sock.sendall(b"E")
+                    except OSError:
+                        pass                 # cut off already: that is the point
+                assert "partq_info" in scrape(server.address).names()
+        finally:
+            for sock in slow:
+                sock.close()
+            server.close()
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 def _answers(address: str) -> bool:

@@ -1,4 +1,4 @@
-"""S27 end to end: 100k messages published on a real primary while a real standby process is
+"""Rule `replication` end to end: 100k messages published on a real primary while a real standby process is
 SIGKILLed and restarted twice at random moments; once it caught up, both directories hold the
 same data, byte for byte (records, heads, ack state, configs, assignment state blobs)."""
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_100k_messages_standby_killed_twice_ends_identical(tmp_path, procs):
     acked = dropped = 0
     for idx, queue, p, seq in log:
         part = queues[queue]["partitions"].get(p)
-        if part is None:          # partition 2 of "events" was removed with its messages (S18)
+        if part is None:          # partition 2 of "events" was removed with its messages (rule `scaling`)
             dropped += 1
             continue
         if seq < part["floor"] or seq in part["above"]:

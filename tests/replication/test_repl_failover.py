@@ -1,5 +1,5 @@
-"""S27 failover: SIGKILL a publishing primary at random moments, promote the standby, and check
-what a publisher was told against what the promoted standby holds.
+"""Rule `replication`, failover: SIGKILL a publishing primary at random moments, promote the standby, and
+check what a publisher was told against what the promoted standby holds.
 
 * sync mode: nothing whose publish returned is lost;
 * async mode: what is lost is bounded by the lag the primary reported just before the kill

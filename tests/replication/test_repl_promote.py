@@ -1,6 +1,6 @@
-"""S27 promote: after the primary is SIGKILLed, the promoted standby takes publishes and binds,
-and consumers that rebind by name (S17) or by hint (S15) within the rebalance delay get the
-partitions they held on the primary, with their unacked messages redelivered."""
+"""Rule `replication`, promote: after the primary is SIGKILLed, the promoted standby takes publishes and
+binds, and consumers that rebind by name (rule `named-flows`) or by hint (rule `bind-hint`) within the
+rebalance delay get the partitions they held on the primary, with their unacked messages redelivered."""
 from __future__ import annotations
 
 import time

@@ -1,4 +1,4 @@
-"""Sync mode's gate (S27): a publish returns only after the standby acked its commit; without a
+"""Sync mode's gate (rule `replication`): a publish returns only after the standby acked its commit; without a
 standby (even one that never connected) it fails with ReplicationTimeout after sync_timeout,
 the message stored on the primary (an unknown outcome for the caller) and shipped once the
 standby is back."""

@@ -1,4 +1,5 @@
-"""spark.read.format("partq") (S35) against real local-mode PySpark and real partq directories."""
+"""spark.read.format("partq") (rule `spark-read`) against real local-mode PySpark and real partq
+directories."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The "partq" Spark source through ``partq serve`` (S36a): ``.option("address", "HOST:PORT")``
+"""The "partq" Spark source through ``partq serve`` (rule `spark-remote`): ``.option("address", "HOST:PORT")``
 with a token instead of a directory. A real ``partq serve`` process on 127.0.0.1 with a token
 file, and real local-mode PySpark reading, consuming and writing through it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""spark.readStream.format("partq") (S36) end to end: real local-mode PySpark queries with a
+"""spark.readStream.format("partq") (rule `spark-stream`) end to end: real local-mode PySpark queries with a
 checkpoint and a parquet sink, against real partq directories, one of them in a process killed
 with SIGKILL mid-stream and restarted."""
 from __future__ import annotations

@@ -95,7 +95,7 @@ def register_faulty(spark, name, *, fail_partition, failing_attempts, report_dir
 
 
 # ---------------------------------------------------------------------- placement and payloads
-def test_keyed_rows_land_in_their_S1_partition_with_payloads_intact(spark, tmp_path):
+def test_keyed_rows_land_in_their_key_hash_partition_with_payloads_intact(spark, tmp_path):
     path = tmp_path / "data"
     make_queue(path, partitions=4)
     save(keyed_frame(spark, 2000), path, keyColumn="key", payloadColumn="body", batchSize=100)

@@ -1,4 +1,4 @@
-"""Record encoding (S24): round trips, and damage is always reported as ``CorruptRecord``.
+"""Record encoding (rule `checksums`): round trips, and damage is always reported as ``CorruptRecord``.
 
 ``decode_record`` promises to raise only ``CorruptRecord``: the checksum is verified before
 msgpack sees the body, and every msgpack failure is translated. The fuzz tests below feed it

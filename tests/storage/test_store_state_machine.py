@@ -4,8 +4,8 @@ and out-of-order seqs), ack of a whole prefix, and close/reopen, checked against
 Invariants after every step, per partition:
 * the head is the number of records ever appended;
 * the ack floor is the first unacked seq, and ``above`` the acked seqs past it;
-* exactly the seqs floor..head-1 are stored (the acked prefix is truncated, S26; acked seqs above
-  the floor stay until the gap closes), and every unacked one decodes to what was appended.
+* exactly the seqs floor..head-1 are stored (the acked prefix is truncated, rule `truncation`; acked seqs
+  above the floor stay until the gap closes), and every unacked one decodes to what was appended.
 """
 from __future__ import annotations
 

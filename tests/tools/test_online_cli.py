@@ -1,4 +1,5 @@
-"""``partq scale --online`` (S37) and ``partq rebalance --dry-run`` (S38) from the command line."""
+"""``partq scale --online`` (rule `online-scaling`) and ``partq rebalance --dry-run`` (rule
+`rebalance-dry-run`) from the command line."""
 from __future__ import annotations
 
 import json

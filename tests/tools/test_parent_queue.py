@@ -1,4 +1,4 @@
-"""The parent queue's log in the ``partq`` tool (seed 001, S19): exclusive (non-partitioned)
+"""The parent queue's log in the ``partq`` tool (rule `ingress-egress`): exclusive (non-partitioned)
 queues, changes of access type, the messages such a change strands in the parent queue, and
 copying them back into the partitions with ``copy-out --parent``.
 

@@ -10,7 +10,7 @@ from tools_helpers import invoke, ok, run_script, script_user_error, usage_error
 
 import partq
 from partq.config import USER_SETTABLE
-from partq.tools import queue_cmds
+from partq.tools import queue_settings
 from partq.tools.cli import cli
 
 
@@ -64,7 +64,7 @@ def test_no_command_prints_usage():
 
 
 def test_queue_options_cover_every_user_settable_field():
-    assert {field for _, field, _, _ in queue_cmds.SETTINGS} == set(USER_SETTABLE)
+    assert {field for _, field, _, _ in queue_settings.SETTINGS} == set(USER_SETTABLE)
 
 
 @pytest.mark.parametrize("args", [

@@ -8,10 +8,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import msgpack
 import pytest
+from helpers import wait_until
 from tools_helpers import json_lines, ok, user_error
 
 
@@ -213,11 +213,12 @@ def big(run, broker):
 
 
 def _kill_when(proc: subprocess.Popen, progressed, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not progressed():
+    def progressed_while_running() -> bool:
+        if progressed():
+            return True
         assert proc.poll() is None, f"{what} ended before it could be killed: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"{what} made no progress"
-        time.sleep(0.002)
+        return False
+    wait_until(progressed_while_running, 60, f"{what} to make progress", interval=0.002)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, f"{what} finished before SIGKILL; slow it down"

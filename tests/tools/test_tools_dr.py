@@ -5,9 +5,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
+from helpers import wait_until
 
 import partq
 
@@ -17,15 +17,6 @@ PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
 def run(*args, data):
     return subprocess.run([PARTQ, "--data", str(data), *args], capture_output=True, text=True,
                           timeout=60)
-
-
-def wait_until(cond, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(120)

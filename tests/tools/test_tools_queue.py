@@ -152,7 +152,7 @@ def test_stats(run, broker):
     ok(run("queue", "create", "other"))
     broker.publish_many("orders", [b"x" * 100] * 30)
     ok(run("queue", "update", "orders", "--ingress", "off"))
-    broker.publish_many("orders", [b"dropped"] * 4)         # discarded and counted (S19)
+    broker.publish_many("orders", [b"dropped"] * 4)         # discarded and counted (rule `ingress-egress`)
     doc = json.loads(ok(run("stats", "--json")).stdout)
     assert doc["store"]["file_size"] > 0 and doc["store"]["map_size"] >= doc["store"]["used_bytes"]
     orders = next(q for q in doc["queues"] if q["name"] == "orders")

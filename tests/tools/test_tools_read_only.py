@@ -1,4 +1,5 @@
-"""Reading a store without writing it (``partq.ops.read_only``): ``inspect``, ``queue list|show``,
+"""Reading a store without writing it (``partq.ops.read_only``, over
+``partq.storage.read_only_store``): ``inspect``, ``queue list|show``,
 ``stats`` and ``verify`` for a user who may read the directory but not write it, forced with
 ``--read-only`` / ``PARTQ_READ_ONLY``, and what a concurrent writer does to such a reader.
 
@@ -19,8 +20,8 @@ import pytest
 from tools_helpers import invoke, json_lines, ok, user_error
 
 import partq
-from partq.ops import read_only
 from partq.ops.read_only import open_read_only, open_store_read_only
+from partq.storage import read_only_store
 
 DROP_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
 READ_COMMANDS = [["queue", "list"], ["queue", "show", "q"], ["stats"], ["verify"],
@@ -109,8 +110,8 @@ def test_the_library_refuses_writes(data):
 
 
 def test_the_read_only_broker_keeps_up_with_the_broker(data):
-    """ReadOnlyBroker skips Broker.__init__ (no threads): it must set what that sets, but for
-    the dispatcher, which it replaces with its own queue_status."""
+    """ReadOnlyBroker is a Broker built by Broker.__init__ (without a ticking thread): it has
+    what a Broker has (the dispatcher aside, whose view its own queue_status replaces)."""
     _fill(data)
     with partq.Broker.open(data) as usual:
         expected = set(vars(usual)) - {"dispatcher"}
@@ -129,26 +130,26 @@ def test_a_torn_read_is_made_again(data, monkeypatch):
     store = open_store_read_only(data)
     try:
         verdicts = iter([False, False, True])        # torn twice, then intact
-        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since",
+        monkeypatch.setattr(read_only_store.ReadOnlyStore, "unchanged_since",
                             lambda self, txnid: next(verdicts, True))
         with store.read() as r:
             config = r.queue("q")
             assert config is not None and config["name"] == "q"
-        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
+        monkeypatch.setattr(read_only_store.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
         with pytest.raises(partq.TornRead, match="run the command again"):
             with store.read() as r:
                 r.queues()
         # an earlier answer of the block that differs on the fresh snapshot: cannot be mended
         verdicts = iter([True, False])
-        monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since",
+        monkeypatch.setattr(read_only_store.ReadOnlyStore, "unchanged_since",
                             lambda self, txnid: next(verdicts, True))
-        real = read_only.Reader.head
+        real = read_only_store.Reader.head
         calls = []
 
         def head(self, qid, p):
             calls.append(p)
             return real(self, qid, p) + (1 if len(calls) > 2 else 0)   # "a publish" meanwhile
-        monkeypatch.setattr(read_only.Reader, "head", head)
+        monkeypatch.setattr(read_only_store.Reader, "head", head)
         with pytest.raises(partq.TornRead):
             with store.read() as r:
                 r.head(1, 0)
@@ -159,8 +160,8 @@ def test_a_torn_read_is_made_again(data, monkeypatch):
 
 def test_a_torn_read_is_one_line_from_the_command(data, monkeypatch):
     _fill(data)
-    monkeypatch.setattr(read_only, "RETRY_PAUSE", 0.0)
-    monkeypatch.setattr(read_only.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
+    monkeypatch.setattr(read_only_store, "RETRY_PAUSE", 0.0)
+    monkeypatch.setattr(read_only_store.ReadOnlyStore, "unchanged_since", lambda self, txnid: False)
     for command in READ_COMMANDS:
         user_error(invoke("--data", data, *command, "--read-only"), "changed under this read",
                    "run the command again")

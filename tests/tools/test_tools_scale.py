@@ -1,5 +1,5 @@
-"""``partq scale``: the seed's seven steps, scaling down (highest partitions and their messages
-go), up, with live consumers in another process, and a drain timeout that re-enables ingress."""
+"""``partq scale``: the seven steps of the scaling procedure, scaling down (highest partitions and their
+messages go), up, with live consumers in another process, and a drain timeout that re-enables ingress."""
 from __future__ import annotations
 
 import threading

@@ -1,6 +1,6 @@
 """The client side of the control channel (``control``): one connection from this process to
 the owner of a queue's delivery, with requests and their replies, the owner's pushes, and the
-beats that keep this process's flows alive (S32).
+beats that keep this process's flows alive (rule `liveness`).
 
 Threads: one reads frames (requests' replies wake their callers; pushes go to ``on_push``), one
 sends a beat every quarter of the queue's consumer timeout and whatever ``outbox()`` returns
@@ -15,18 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from partq import errors
 from partq.delivery.peers.owner_channel import MAX_CONTROL_FRAME, VERSION, UnixAddress, socket_path
-from partq.errors import DeliveryLocked, PartqError
-from partq.wire.frames import FrameError, recv_frame, send_frame
+from partq.errors import DeliveryLocked, FrameError, OwnerLost, PartqError
+from partq.wire.error_frames import error_from_frame
+from partq.wire.frames import recv_frame, send_frame
 
 CONNECT_TIMEOUT = 5.0      # seconds to reach an owner's socket before giving up
 REQUEST_TIMEOUT = 10.0
-
-
-class OwnerLost(DeliveryLocked):
-    """The owner's connection closed under a request: it died or closed, and a new owner
-    (maybe this process) takes over shortly; the request may be retried."""
 SEND_POLL = 0.02           # seconds between looks at the outbox
 
 
@@ -67,8 +62,9 @@ class OwnerLink:
             address.close()
         if not isinstance(welcome, dict) or welcome.get("op") != "welcome":
             sock.close()
-            message = welcome.get("message") if isinstance(welcome, dict) else None
-            raise PartqError(message or "the delivery owner refused this process")
+            if isinstance(welcome, dict) and welcome.get("op") == "error":
+                raise error_from_frame(welcome)
+            raise PartqError("the delivery owner refused this process")
         sock.settimeout(None)
         self.timeout = float(welcome.get("timeout", 10.0))
         self._sock = sock
@@ -101,10 +97,7 @@ class OwnerLink:
         if reply is None:
             raise OwnerLost(f"lost the delivery owner of queue {self.queue!r}; retry")
         if reply.get("op") == "error":
-            cls = getattr(errors, str(reply.get("error")), PartqError)
-            if not (isinstance(cls, type) and issubclass(cls, PartqError)):
-                cls = PartqError
-            raise cls(reply.get("message", "the delivery owner refused"))
+            raise error_from_frame(reply)
         return reply
 
     def _read_loop(self) -> None:

@@ -1,10 +1,10 @@
 """The control channel between the process that owns a queue's delivery and the other processes
-of the host that bind flows to it (S29, S30, S32): a Unix socket in the directory,
-``DIR/delivery-locks/<queue id>.sock``, readable and writable by the directory's owner only
+of the host that bind flows to it (rules `peer-flows`, `owner-takeover` and `liveness`): a Unix socket in the
+directory, ``DIR/delivery-locks/<queue id>.sock``, readable and writable by the directory's owner only
 (mode 0600 in a 0700 folder, and every peer's uid checked with SO_PEERCRED).
 
 Only coordination crosses it; messages do not. A flow of another process reads and acks its
-partitions in LMDB itself (``follower``): the owner runs the rebalancer and tells it nothing
+partitions in LMDB itself (``peers.peer_delivery``): the owner runs the rebalancer and tells it nothing
 but what the persisted state says (assignments, pauses, epochs), pushes the flow's
 FlowChangeUpdate events and its closing, and hears back what it holds unacked (handoffs wait
 for that) and that it is alive.
@@ -18,9 +18,10 @@ Frames are ``partq.wire``'s (length, crc32c, msgpack). Client -> owner::
     {"op": "outstanding", "flow", "counts": [[partition, n], ...]}
     {"op": "beat"}
     owner -> client: {"op": "event", "flow", "active", "partitions"}, {"op": "closed", "flow",
-    "reason"}, {"op": "error", "req", "error", "message"}
+    "reason"}, {"op": "error", "req", "error", "message", and the error's fields} (the error's
+    ``to_frame()``; the client raises ``partq.wire.error_frames.error_from_frame`` of it)
 
-Liveness: a connection that closes unbinds its flows at once (seed 004 makes no distinction
+Liveness: a connection that closes unbinds its flows at once (rule `liveness`: no distinction
 between an unbind and a disconnect); one that sends nothing, not even a beat, for the queue's
 ``consumer_timeout`` is closed by the owner, which unbinds its flows the same way.
 """
@@ -34,9 +35,10 @@ import struct
 import threading
 import time
 
-from partq.errors import PartqError
+from partq.errors import FrameError, PartqError
 from partq.message import FlowChangeUpdate
-from partq.wire.frames import FrameError, recv_frame, send_frame
+from partq.wire.error_frames import error_frame
+from partq.wire.frames import recv_frame, send_frame
 
 log = logging.getLogger("partq.delivery")
 
@@ -284,9 +286,9 @@ class ControlServer:
             return
         if op == "hello":
             if frame.get("v") != VERSION:
-                conn.push({"op": "error", "req": None, "error": "PartqError",
-                           "message": f"control protocol version {frame.get('v')!r} is not "
-                                      f"{VERSION}: run the same partq version in every process"})
+                refused = PartqError(f"control protocol version {frame.get('v')!r} is not "
+                                     f"{VERSION}: run the same partq version in every process")
+                conn.push(error_frame(refused, req=None))
                 conn.close()
                 return
             conn.client = f"pid {frame.get('pid')} on {frame.get('host')}"
@@ -316,9 +318,10 @@ class ControlServer:
                            "view": self.dispatcher.view_doc(self.queue, self.clients())})
             else:
                 raise FrameError(f"unknown control operation {op!r}")
+        except FrameError:
+            raise                    # not an answer: the connection ends (read_loop)
         except PartqError as exc:
-            conn.push({"op": "error", "req": req, "error": type(exc).__name__,
-                       "message": str(exc)})
+            conn.push(error_frame(exc, req=req))
 
     def clients(self) -> dict[str, dict]:
         """flow id -> {client, since, heartbeat_age} of the flows of other processes."""

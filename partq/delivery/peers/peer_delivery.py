@@ -1,18 +1,18 @@
-"""Flows of a queue whose delivery another process of the host owns (S29, S30, S33).
+"""Peer flows: flows of a queue whose delivery another process of the host owns (rule `peer-flows`).
 
 Such a flow reads and acks its partitions in LMDB itself, from its own process (LMDB allows
 readers in many processes and serialises writers): consumption scales past one process. The
 owner coordinates over the control channel (``control``): it runs the rebalancer and persists
-its state (assignments, pauses, epochs) with every change; a follower reads that state from
+its state (assignments, pauses, epochs) with every change; a peer reads that state from
 the store before each receive, delivers only the partitions assigned to its flow and not paused
 for a handoff, and reports back what it holds unacked so that a handoff can complete.
 
-Fencing (S33): an ack is written in this process's own write transaction, which first reads
+Fencing (rule `fencing`): an ack is written in this process's own write transaction, which first reads
 the owner's persisted state and refuses (``FlowFenced``, nothing written) unless the flow still
 holds the partition, is bound, and holds it under the epoch the message was delivered in.
 
-Failover (S30): when the owner's connection closes (it closed or died), this process takes the
-queue's delivery lock if it is free and binds its flows locally, or else connects to whoever took
+Failover (rule `owner-takeover`): when the owner's connection closes (it closed or died), this process takes
+the queue's delivery lock if it is free and binds its flows locally, or else connects to whoever took
 it; either way each flow presents its partition set as its hint (and its name), so within the
 rebalance delay no partition moves.
 """
@@ -24,14 +24,15 @@ import time
 
 from partq import errors
 from partq.config import QueueConfig
-from partq.delivery.cursor import Cursor, flag_redelivered, mark_ops
-from partq.delivery.flow_state import InvalidAck, fenced_error, fenced_range
+from partq.delivery.cursor import flag_redelivered, mark_ops
+from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.delivery.holds import Holds, read_cutover
 from partq.delivery.peers.link import OwnerLink
 from partq.delivery.peers.peer_flow import PeerFlow
 from partq.delivery.saved_state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import WriteHandle
 
 log = logging.getLogger("partq.delivery")
 
@@ -79,8 +80,7 @@ class PeerQueue:
         with self.lock:
             done = {id(f): f for p, f in self._reports if p is None or p.done()}
             self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
-            return [{"op": "outstanding", "flow": f.flow_id,
-                     "counts": [[sp, len(c.inflight)] for sp, c in f.cursors.items()]}
+            return [{"op": "outstanding", "flow": f.flow_id, "counts": f.outstanding()}
                     for f in done.values()]
 
     def _lost(self) -> None:
@@ -88,7 +88,7 @@ class PeerQueue:
         with self.lock:
             if self._closing:
                 return
-            flows = [f for f in self.flows.values() if f.reason is None]
+            flows = [f for f in self.flows.values() if f.bound]
         log.info("the delivery owner of queue %r is gone; %d flow(s) of this process fail over",
                  self.queue, len(flows))
         threading.Thread(target=self._failover, args=(flows,), name="partq-failover",
@@ -99,7 +99,7 @@ class PeerQueue:
         while not self._closing:
             try:
                 if self.dispatcher.take_over(self.queue):
-                    self.dispatcher.forget_follower(self.queue, self)
+                    self.dispatcher.forget_peer_queue(self.queue, self)
                     for flow in flows:
                         self._to_local(flow)
                     return
@@ -113,7 +113,7 @@ class PeerQueue:
                 with self.lock:
                     for flow in flows:
                         flow.close(f"queue {self.queue!r} was deleted")
-                self.dispatcher.forget_follower(self.queue, self)
+                self.dispatcher.forget_peer_queue(self.queue, self)
                 self.dispatcher.notify()
                 return
             except PartqError as exc:
@@ -122,35 +122,26 @@ class PeerQueue:
             delay = min(delay * 2, FAILOVER_BACKOFF[1])
 
     def _to_local(self, flow: PeerFlow) -> None:
-        if flow.reason is not None:
+        if not flow.bound:
             return              # the application unbound it while the owner was gone
-        hint = sorted(flow.last_partitions)
-        endpoint = self.dispatcher.bind_local(self.queue, flow.name, hint or None,
+        endpoint = self.dispatcher.bind_local(self.queue, flow.name, flow.hint(),
                                               flow.skip_corrupt)
         with self.lock:
-            if flow.reason is not None:     # ... or while it was being bound again here
+            if not flow.hand_over(endpoint):    # ... or while it was being bound again here
                 endpoint.unbind()
                 return
-            if flow.callback is not None:
-                endpoint.on_change(flow.callback)
-            flow.local = endpoint
-            flow.cursors.clear()
-            flow.inflight = 0
         self.dispatcher.notify()
 
     def _rebind(self, flow: PeerFlow) -> None:
-        if flow.reason is not None:
+        if not flow.bound:
             return              # the application unbound it while the owner was gone
-        hint = sorted(flow.last_partitions)
-        reply = self._link.request({"op": "bind", "name": flow.name, "hint": hint or None,
-                               "skip_corrupt": flow.skip_corrupt})
+        reply = self._link.request({"op": "bind", "name": flow.name, "hint": flow.hint(),
+                                    "skip_corrupt": flow.skip_corrupt})
         with self.lock:
-            gone = flow.reason is not None  # ... or while it was being bound again
+            gone = not flow.bound       # ... or while it was being bound again
             if not gone:
                 self.flows.pop(flow.flow_id, None)
-                flow.flow_id = str(reply["flow"])
-                flow.cursors.clear()       # the new epochs deliver from the ack floor again
-                flow.inflight = 0
+                flow.rebound(str(reply["flow"]))
                 self.flows[flow.flow_id] = flow
         if gone:
             try:
@@ -163,15 +154,15 @@ class PeerQueue:
     def bind(self, name: str | None, hint: list[int] | None, skip_corrupt: bool) -> PeerFlow:
         reply = self._link.request({"op": "bind", "name": name, "hint": hint,
                                "skip_corrupt": skip_corrupt})
-        flow = PeerFlow(self, str(reply["flow"]), name, skip_corrupt)
+        flow = PeerFlow(self, self.queue, str(reply["flow"]), name, skip_corrupt)
         with self.lock:
             self.flows[flow.flow_id] = flow
-        flow.last_partitions = self.partitions(flow)
+        self.partitions(flow)                   # noted as its hint
         return flow
 
     def unbind(self, flow: PeerFlow) -> None:
         with self.lock:
-            if flow.reason is not None:
+            if not flow.bound:
                 return
             flow.close("unbound by the application")
             self.flows.pop(flow.flow_id, None)
@@ -186,8 +177,7 @@ class PeerQueue:
             assignment = self._read_assignment(r)
         with self.lock:
             held = frozenset(sp for _, sp, _ in assignment.held_by(flow.flow_id))
-            if flow.reason is None:
-                flow.last_partitions = held
+            flow.held(held)
             return held
 
     def _read_assignment(self, r) -> Assignment:
@@ -205,47 +195,37 @@ class PeerQueue:
         self._assignment = (config_raw, blob, assignment)
         return assignment
 
-    def collect(self, flow: PeerFlow, max_messages: int) -> list[Message]:
+    def receive(self, flow: PeerFlow, max_messages: int, timeout: float) -> list[Message] | None:
+        """Messages for ``flow``, waiting up to ``timeout`` s; None when it was handed over to
+        this process's own delivery meanwhile."""
+        msgs = self.dispatcher.wait_for_messages(lambda n: self._collect(flow, n), max_messages,
+                                                 timeout)
+        if msgs:
+            self.dispatcher.tally.delivered(self.queue, msgs)
+        return msgs
+
+    def _collect(self, flow: PeerFlow, max_messages: int) -> list[Message] | None:
         """Take up to ``max_messages`` for ``flow`` from the partitions the owner assigned it
         (not paused), after bringing its cursors in line with the assignment."""
-        marks: dict[int, tuple[int, int]] = {}
-        skipped: dict[int, list[int]] = {}
-        out: list[Message] = []
         with self.lock:
-            if flow.reason is not None:
-                raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.queue!r} is "
-                                 f"unbound: {flow.reason}; bind again")
-            if flow.pending_error is not None:
-                err, flow.pending_error = flow.pending_error, None
-                raise err
+            if flow.handed_over:
+                return None
+            flow.check_receivable()
             with self.store.read() as r:
-                assignment = self._read_assignment(r)
-                held = assignment.held_by(flow.flow_id)
-                flow.last_partitions = frozenset(sp for _, sp, _ in held)
-                self._sync_cursors(flow, held, r)
+                assignment = self._sync(flow, r)
                 config = assignment.config
-                want = min(max_messages, config.max_delivered_unacked_per_flow - flow.inflight)
+                want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
                 if not config.egress_enabled or want <= 0:
                     return []
-                ready = sorted(sp for slot, sp, _ in held if slot not in assignment.paused)
+                ready = sorted(sp for slot, sp, _ in assignment.held_by(flow.flow_id)
+                               if slot not in assignment.paused)
                 if not ready:
                     return []
-                flow.rr = (flow.rr + 1) % len(ready)
                 cutover = read_cutover(r, self.qid)
                 holds = Holds(cutover, r, self.qid) if cutover is not None else None
-                for sp in ready[flow.rr:] + ready[:flow.rr]:
-                    if len(out) >= want:
-                        break
-                    cursor = flow.cursors[sp]
-                    cursor.take(r, self.qid, self.queue, flow, want, out, skipped,
-                                holds.gate(sp) if holds is not None else None)
-                    mark = cursor.mark(r, self.qid)
-                    if mark is not None:
-                        marks[sp] = mark
-            flow.inflight += len(out)
-            if not out and flow.pending_error is not None:
-                err, flow.pending_error = flow.pending_error, None
-                raise err
+                out, marks, skipped = flow.take(r, self.qid, ready, want, holds)
+            if not out:
+                flow.raise_pending_error()
         if marks or skipped:
             qid = self.qid
             seen: dict[int, int] = {}         # marks another process wrote since the read
@@ -260,40 +240,23 @@ class PeerQueue:
                 self.store.write(op)
             except BaseException:
                 with self.lock:
-                    for sp, (old, _) in marks.items():
-                        if sp in flow.cursors:
-                            flow.cursors[sp].ack.delivered_mark = old
-                    for m in out:
-                        taken = flow.cursors.get(m.partition)
-                        if taken is not None and taken.inflight.pop(m.seq, None) is not None:
-                            flow.inflight -= 1
-                            taken.next = min(taken.next, m.seq)
+                    flow.untake(out, marks)
                 raise
             if seen:
                 with self.lock:
-                    for sp, stored in seen.items():
-                        if sp in flow.cursors:
-                            cursor = flow.cursors[sp]
-                            cursor.redeliver_upto = max(cursor.redeliver_upto, stored)
+                    flow.marked_elsewhere(seen)
                 out = flag_redelivered(out, seen)
         return out
 
-    def _sync_cursors(self, flow: PeerFlow, held, r) -> None:
-        """Drop the cursors of partitions the flow lost (or holds under a new epoch: delivered
-        again from the ack floor) and start one for each partition it gained."""
-        now = {sp: epoch for _, sp, epoch in held}
-        resync = set()
-        while flow.resync:                    # filled by the writer thread (a refused ack)
-            resync.add(flow.resync.pop())
-        for sp, cursor in list(flow.cursors.items()):
-            if now.get(sp) != cursor.epoch or sp in resync:
-                flow.inflight -= len(cursor.inflight)
-                del flow.cursors[sp]
-        for sp, epoch in now.items():
-            if sp not in flow.cursors:
-                flow.cursors[sp] = Cursor(sp, r.ack_state(self.qid, sp), epoch)
+    def _sync(self, flow: PeerFlow, r) -> Assignment:
+        """The owner's assignment in read snapshot ``r``, with ``flow``'s cursors brought in
+        line with it (under the lock)."""
+        assignment = self._read_assignment(r)
+        qid = self.qid
+        flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp))
+        return assignment
 
-    def ack(self, flow: PeerFlow, msgs: list[Message]):
+    def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None:
         """Apply acks in memory and queue their write, fenced in the write transaction.
 
         The assignment is read again first, so an ack of a partition that moved since the last
@@ -301,34 +264,10 @@ class PeerQueue:
         commit, the write is refused whole (nothing acked, as on the owner) and the cursors of
         the batch are marked for a resync from the durable state: the in-memory acks that did
         not commit are forgotten and those messages delivered again."""
-        by_sp: dict[int, list[int]] = {}
         with self.lock:
             with self.store.read() as r:
-                self._sync_cursors(flow, self._read_assignment(r).held_by(flow.flow_id), r)
-            fenced = []
-            for m in msgs:
-                if m.queue != self.queue:
-                    raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of "
-                                     f"{self.queue!r}")
-                if m.partition not in flow.cursors:
-                    fenced.append(m)
-            if fenced:
-                raise fenced_error(self.queue, flow, fenced, "acked")
-            epochs = {}
-            for m in msgs:
-                cursor = flow.cursors[m.partition]
-                if m.seq > cursor.ack.delivered_mark:
-                    raise InvalidAck(f"{self.queue} partition {m.partition} seq {m.seq} was "
-                                     f"never delivered")
-                if not cursor.ack.is_acked(m.seq):
-                    by_sp.setdefault(m.partition, []).append(m.seq)
-                    epochs[m.partition] = cursor.epoch
-            for sp, seqs in by_sp.items():
-                cursor = flow.cursors[sp]
-                cursor.ack.add(seqs)
-                for s in seqs:
-                    if cursor.inflight.pop(s, None) is not None:
-                        flow.inflight -= 1
+                self._sync(flow, r)
+            by_sp, epochs = flow.apply_acks(msgs)
         if not by_sp:
             return None
         qid, name, flow_id = self.qid, self.queue, flow.flow_id
@@ -340,39 +279,31 @@ class PeerQueue:
             lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
                     if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
             if lost:
-                flow.resync.update(by_sp)     # the in-memory acks of the batch did not commit
+                flow.resync(by_sp)            # the in-memory acks of the batch did not commit
                 raise fenced_error(name, flow, lost, "acked")
             for sp, seqs in by_sp.items():
                 w.ack(qid, sp, seqs)
-        pending = self.store.submit(op)
-        with self.lock:
-            self._reports.append((pending, flow))
-        self.dispatcher.notify()
-        return pending
+        return self._submit_reported(flow, op)
 
-    def ack_through(self, flow: PeerFlow, sp: int, seq: int):
+    def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
         """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""
         with self.lock:
             with self.store.read() as r:       # a flow that never received has no cursors yet
-                self._sync_cursors(flow, self._read_assignment(r).held_by(flow.flow_id), r)
-            cursor = flow.cursors.get(sp)
-            if cursor is None:
-                raise fenced_range(self.queue, flow, sp, seq)
-            epoch = cursor.epoch
-            cursor.ack.add_through(seq)
-            cursor.next = max(cursor.next, seq + 1)
-            for s in [s for s in cursor.inflight if s <= seq]:
-                del cursor.inflight[s]
-                flow.inflight -= 1
+                self._sync(flow, r)
+            epoch = flow.apply_ack_through(sp, seq)
         qid, name, flow_id = self.qid, self.queue, flow.flow_id
 
         def op(w):
             raw = w.queue(name)
             if raw is None or not Assignment(QueueConfig.from_dict(raw), w.state(qid)) \
                     .holds(flow_id, sp, epoch):
-                flow.resync.add(sp)
+                flow.resync([sp])
                 raise fenced_range(name, flow, sp, seq)
             w.ack_through(qid, sp, seq)
+        return self._submit_reported(flow, op)
+
+    def _submit_reported(self, flow: PeerFlow, op) -> WriteHandle:
+        """Queue ``op``; once it commits the owner hears what ``flow`` still holds unacked."""
         pending = self.store.submit(op)
         with self.lock:
             self._reports.append((pending, flow))
@@ -381,18 +312,12 @@ class PeerQueue:
 
     def nack(self, flow: PeerFlow, msg: Message) -> None:
         with self.lock:
-            cursor = flow.cursors.get(msg.partition)
-            if cursor is None:
-                raise fenced_error(self.queue, flow, [msg], "nacked")
-            if cursor.inflight.get(msg.seq) != flow.flow_id:
-                return
-            for seq in sorted(s for s in cursor.inflight if s >= msg.seq):
-                del cursor.inflight[seq]
-                flow.inflight -= 1
-            cursor.redeliver_upto = max(cursor.redeliver_upto, cursor.high)
-            cursor.next = min(cursor.next, msg.seq)
-            self._reports.append((None, flow))
-        self.dispatcher.notify()
+            taken_back = flow.apply_nack(msg)
+            if taken_back:
+                self._reports.append((None, flow))
+        self.dispatcher.tally.nacked(self.queue)
+        if taken_back:
+            self.dispatcher.notify()
 
     def close(self) -> None:
         """This process is closing: its flows end, the owner sees the connection close."""

@@ -1,114 +1,343 @@
 """One flow of a queue whose delivery another process owns, as its ``Flow`` sees it: the
-``FlowEndpoint`` that forwards to its ``PeerQueue`` (``follower.py``), or, after this process
-took delivery over, to a local endpoint."""
+``FlowEndpoint`` that forwards to the group of this process's flows of that queue (``PeerQueue``
+in ``peer_delivery.py``, known here only as the ``PeerGroup`` declared below), or, after this
+process took delivery over, to a local endpoint.
+
+Its delivery state (the cursors of the partitions it holds, how many messages it has in flight,
+why it was unbound) changes only through the methods under "state transitions", each one step
+of its life; ``PeerQueue`` calls them under its lock."""
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from partq import errors
 from partq.delivery.cursor import Cursor
+from partq.delivery.flow_state import fenced_error, fenced_range
+from partq.errors import CorruptRecord, FlowClosed, InvalidAck
+from partq.flow import FlowEndpoint
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import WriteHandle
 
 if TYPE_CHECKING:
-    from partq.delivery.peers.peer_delivery import PeerQueue
+    from partq.delivery.holds import Holds
+    from partq.storage.encoding import AckState
+
+Marks = dict[int, tuple[int, int]]        # partition -> (old, new) delivered mark to write
+
+
+class PeerGroup(Protocol):
+    """What a ``PeerFlow`` asks of the group of its process's flows of one queue
+    (``PeerQueue``): the ``FlowEndpoint`` calls that need the store or the owner. Each raises
+    what ``partq.flow.FlowEndpoint`` documents for it."""
+
+    def receive(self, flow: PeerFlow, max_messages: int, timeout: float) -> list[Message] | None:
+        """Messages for ``flow``, waiting as ``FlowEndpoint.receive`` does; None when the flow
+        was handed over to this process's own delivery meanwhile (ask that instead)."""
+
+    def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None: ...
+
+    def ack_through(self, flow: PeerFlow, partition: int, seq: int) -> WriteHandle | None: ...
+
+    def nack(self, flow: PeerFlow, msg: Message) -> None: ...
+
+    def unbind(self, flow: PeerFlow) -> None: ...
+
+    def partitions(self, flow: PeerFlow) -> frozenset[int]: ...
 
 
 class PeerFlow:
     """A flow bound through the owner's control channel; the endpoint its ``Flow`` calls.
-    After a failover that made this process the owner it delegates to a local endpoint."""
+    After a failover that made this process the owner it forwards to a local endpoint."""
 
-    def __init__(self, group: PeerQueue, flow_id: str, name: str | None,
+    def __init__(self, group: PeerGroup, queue: str, flow_id: str, name: str | None,
                  skip_corrupt: bool) -> None:
-        self.group = group
-        self.flow_id = flow_id
-        self.name = name
-        self.queue = group.queue
-        self.skip_corrupt = skip_corrupt
-        self.cursors: dict[int, Cursor] = {}
-        self.resync: set[int] = set()   # partitions whose cursor must be rebuilt from the store
-        self.inflight = 0
-        self.rr = 0
-        self.pending_error: errors.CorruptRecord | None = None
-        self.reason: str | None = None      # why it was unbound (None while bound)
-        self.last_partitions: frozenset[int] = frozenset()
-        self.pending_events: deque[FlowChangeUpdate] = deque()
-        self.callback: Callable[[FlowChangeUpdate], None] | None = None
-        self.local = None            # the LocalEndpoint after this process took delivery over
+        self._group = group
+        self._flow_id = flow_id
+        self.queue, self.name, self.skip_corrupt = queue, name, skip_corrupt   # never change
+        self.pending_error: CorruptRecord | None = None   # set by Cursor.take; the next receive
+        self._cursors: dict[int, Cursor] = {}             # raises it
+        self._resync: set[int] = set()   # partitions whose cursor must be rebuilt from the store
+        self._inflight = 0
+        self._rr = 0
+        self._reason: str | None = None       # why it was unbound (None while bound)
+        self._held: frozenset[int] = frozenset()      # what it last held: its hint
+        self._events: deque[FlowChangeUpdate] = deque()
+        self._events_lock = threading.Lock()
+        self._callback: Callable[[FlowChangeUpdate], None] | None = None
+        self._local: FlowEndpoint | None = None       # after this process took delivery over
 
     # the FlowEndpoint interface ------------------------------------------------
+    @property
+    def flow_id(self) -> str:
+        return self._flow_id
+
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
-        dispatcher = self.group.dispatcher
+        while True:
+            local = self._local
+            if local is not None:
+                return local.receive(max_messages, timeout)
+            msgs = self._group.receive(self, max_messages, timeout)
+            if msgs is not None:
+                return msgs
 
-        def collect(max_messages: int) -> list[Message] | None:
-            if self.local is not None:
-                return None
-            return self.group.collect(self, max_messages)
-        msgs = dispatcher.wait_for_messages(collect, max_messages, timeout)
-        if msgs is None and self.local is not None:   # taken over meanwhile: it receives
-            return self.local.receive(max_messages, timeout)
-        if msgs:
-            dispatcher.tally.delivered(self.queue, msgs)
-        return msgs or []
+    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
+        local = self._local
+        if local is not None:
+            return local.ack_async(msgs)
+        return self._group.ack(self, list(msgs))
 
-    def ack_async(self, msgs: Iterable[Message]):
-        if self.local is not None:
-            return self.local.ack_async(msgs)
-        return self.group.ack(self, list(msgs))
-
-    def ack_through(self, partition: int, seq: int):
-        if self.local is not None:
-            return self.local.ack_through(partition, seq)
-        return self.group.ack_through(self, partition, seq)
+    def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
+        local = self._local
+        if local is not None:
+            return local.ack_through(partition, seq)
+        return self._group.ack_through(self, partition, seq)
 
     def nack(self, msg: Message) -> None:
-        if self.local is not None:
-            return self.local.nack(msg)
-        self.group.nack(self, msg)
-        self.group.dispatcher.tally.nacked(self.queue)
+        local = self._local
+        if local is not None:
+            return local.nack(msg)
+        self._group.nack(self, msg)
 
     def unbind(self) -> None:
-        if self.local is not None:
-            return self.local.unbind()
-        self.group.unbind(self)
+        local = self._local
+        if local is not None:
+            return local.unbind()
+        self._group.unbind(self)
 
     def partitions(self) -> frozenset[int]:
-        if self.local is not None:
-            return self.local.partitions()
-        return self.group.partitions(self)
+        local = self._local
+        if local is not None:
+            return local.partitions()
+        return self._group.partitions(self)
 
     def events(self) -> list[FlowChangeUpdate]:
-        if self.local is not None:
-            return self.local.events()
-        with self.group.lock:
-            out = list(self.pending_events)
-            self.pending_events.clear()
+        local = self._local
+        if local is not None:
+            return local.events()
+        with self._events_lock:
+            out = list(self._events)
+            self._events.clear()
             return out
 
     def unacked(self) -> int:
-        return self.local.unacked() if self.local is not None else self.inflight
+        local = self._local
+        return local.unacked() if local is not None else self._inflight
 
     def closed(self) -> bool:
-        if self.local is not None:
-            return self.local.closed()
-        return self.reason is not None
+        local = self._local
+        return local.closed() if local is not None else self._reason is not None
 
     def closed_reason(self) -> str | None:
-        return self.local.closed_reason() if self.local is not None else self.reason
+        local = self._local
+        return local.closed_reason() if local is not None else self._reason
 
-    def on_change(self, callback) -> None:
-        self.callback = callback
-        if self.local is not None:
-            self.local.on_change(callback)
+    def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
+        self._callback = callback
+        local = self._local
+        if local is not None:
+            local.on_change(callback)
+
+    # state transitions (under the PeerQueue's lock) ----------------------------
+    @property
+    def bound(self) -> bool:
+        """Not unbound yet (by the application, the owner, or this process's close)."""
+        return self._reason is None
+
+    @property
+    def handed_over(self) -> bool:
+        """This process took delivery over: the flow lives in its own delivery now."""
+        return self._local is not None
+
+    def hint(self) -> list[int] | None:
+        """The partitions it last held, to present when it is bound again (rule `bind-hint`)."""
+        return sorted(self._held) or None
+
+    def held(self, partitions: frozenset[int]) -> None:
+        """The owner's stored assignment gives it ``partitions`` now."""
+        if self._reason is None:
+            self._held = partitions
 
     def changed(self, update: FlowChangeUpdate) -> None:
-        self.pending_events.append(update)
-        if self.callback is not None:
-            self.callback(update)
+        """The owner pushed a FlowChangeUpdate."""
+        with self._events_lock:
+            self._events.append(update)
+        callback = self._callback
+        if callback is not None:
+            callback(update)
 
     def close(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        self.inflight = 0
-        self.cursors.clear()
+        """It is unbound (the first reason stays): it holds nothing, nothing is in flight."""
+        if self._reason is None:
+            self._reason = reason
+        self._forget_cursors()
+
+    def rebound(self, flow_id: str) -> None:
+        """A new owner bound it again under ``flow_id``: under the new epochs its partitions
+        are delivered again from their ack floors."""
+        self._flow_id = flow_id
+        self._forget_cursors()
+
+    def hand_over(self, local: FlowEndpoint) -> bool:
+        """This process took delivery over and bound the flow in it as ``local``: every call
+        goes there from now on. False, changing nothing, when it was unbound meanwhile."""
+        if self._reason is not None:
+            return False
+        if self._callback is not None:
+            local.on_change(self._callback)
+        self._local = local
+        self._forget_cursors()
+        return True
+
+    def _forget_cursors(self) -> None:
+        self._cursors.clear()
+        self._inflight = 0
+
+    def check_receivable(self) -> None:
+        """Raise what a receive must raise before anything: ``FlowClosed`` once unbound, else
+        the corrupt record an earlier receive met (once)."""
+        if self._reason is not None:
+            raise FlowClosed(f"flow {self.name or self._flow_id} of queue {self.queue!r} is "
+                             f"unbound: {self._reason}; bind again")
+        self.raise_pending_error()
+
+    def raise_pending_error(self) -> None:
+        err, self.pending_error = self.pending_error, None
+        if err is not None:
+            raise err
+
+    def sync(self, held: list[tuple[int, int, int]], ack_state: Callable[[int], AckState]) -> None:
+        """Bring its cursors in line with the owner's assignment ``held`` ((slot, partition,
+        epoch) it holds): drop those of partitions it lost, holds under a new epoch (delivered
+        again from the ack floor) or whose acks failed to commit (``resync``), and start one
+        from ``ack_state(partition)`` for each partition it gained. Nothing once unbound."""
+        if self._reason is not None:
+            return
+        now = {sp: epoch for _, sp, epoch in held}
+        self._held = frozenset(now)
+        resync = set()
+        while self._resync:                   # filled by the writer thread (a refused ack)
+            resync.add(self._resync.pop())
+        for sp, cursor in list(self._cursors.items()):
+            if now.get(sp) != cursor.epoch or sp in resync:
+                self._inflight -= len(cursor.inflight)
+                del self._cursors[sp]
+        for sp, epoch in now.items():
+            if sp not in self._cursors:
+                self._cursors[sp] = Cursor(sp, ack_state(sp), epoch)
+
+    def resync(self, partitions: Iterable[int]) -> None:
+        """Acks of ``partitions`` were applied in memory but their write was refused: rebuild
+        those cursors from the store before the next use (any thread)."""
+        self._resync.update(partitions)
+
+    def credit(self, limit: int) -> int:
+        """How many more messages it may have in flight under ``limit`` (rule `max-unacked`)."""
+        return limit - self._inflight
+
+    def take(self, reader, qid: int, ready: list[int], want: int,
+             holds: Holds | None) -> tuple[list[Message], Marks, dict[int, list[int]]]:
+        """Deliver up to ``want`` messages of the ``ready`` partitions (each synced; round-robin,
+        one further each time) and count them in flight. Returns them, the delivered marks to
+        write, and per partition the corrupt records skipped (to ack durably)."""
+        out: list[Message] = []
+        marks: Marks = {}
+        skipped: dict[int, list[int]] = {}
+        self._rr = (self._rr + 1) % len(ready)
+        for sp in ready[self._rr:] + ready[:self._rr]:
+            if len(out) >= want:
+                break
+            cursor = self._cursors[sp]
+            cursor.take(reader, qid, self.queue, self, want, out, skipped,
+                        holds.gate(sp) if holds is not None else None)
+            mark = cursor.mark(reader, qid)
+            if mark is not None:
+                marks[sp] = mark
+        self._inflight += len(out)
+        return out, marks, skipped
+
+    def untake(self, out: list[Message], marks: Marks) -> None:
+        """The write of a receive's marks failed: ``out`` was not delivered after all."""
+        for sp, (old, _) in marks.items():
+            if sp in self._cursors:
+                self._cursors[sp].ack.delivered_mark = old
+        for m in out:
+            cursor = self._cursors.get(m.partition)
+            if cursor is not None and cursor.inflight.pop(m.seq, None) is not None:
+                self._inflight -= 1
+                cursor.next = min(cursor.next, m.seq)
+
+    def marked_elsewhere(self, seen: dict[int, int]) -> None:
+        """Another process stored delivered marks ``seen`` (partition -> mark) since this one's
+        read: what it delivers up to them is redelivered."""
+        for sp, stored in seen.items():
+            cursor = self._cursors.get(sp)
+            if cursor is not None:
+                cursor.redeliver_upto = max(cursor.redeliver_upto, stored)
+
+    def apply_acks(self, msgs: list[Message]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        """Ack ``msgs`` in memory, all or none: returns the seqs newly acked per partition and
+        the epoch it holds each partition under (the write checks it). Raises ``InvalidAck``,
+        or ``FlowFenced`` for messages of partitions it does not hold, changing nothing."""
+        fenced = []
+        for m in msgs:
+            if m.queue != self.queue:
+                raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.queue!r}")
+            if m.partition not in self._cursors:
+                fenced.append(m)
+        if fenced:
+            raise fenced_error(self.queue, self, fenced, "acked")
+        by_sp: dict[int, list[int]] = {}
+        epochs: dict[int, int] = {}
+        for m in msgs:
+            cursor = self._cursors[m.partition]
+            if m.seq > cursor.ack.delivered_mark:
+                raise InvalidAck(f"{self.queue} partition {m.partition} seq {m.seq} was never "
+                                 f"delivered")
+            if not cursor.ack.is_acked(m.seq):
+                by_sp.setdefault(m.partition, []).append(m.seq)
+                epochs[m.partition] = cursor.epoch
+        for sp, seqs in by_sp.items():
+            cursor = self._cursors[sp]
+            cursor.ack.add(seqs)
+            for s in seqs:
+                if cursor.inflight.pop(s, None) is not None:
+                    self._inflight -= 1
+        return by_sp, epochs
+
+    def apply_ack_through(self, sp: int, seq: int) -> int:
+        """Ack partition ``sp`` up to ``seq`` in memory; returns the epoch it holds ``sp`` under.
+        Raises ``FlowFenced`` when it does not hold ``sp``."""
+        cursor = self._cursors.get(sp)
+        if cursor is None:
+            raise fenced_range(self.queue, self, sp, seq)
+        cursor.ack.add_through(seq)
+        cursor.next = max(cursor.next, seq + 1)
+        for s in [s for s in cursor.inflight if s <= seq]:
+            del cursor.inflight[s]
+            self._inflight -= 1
+        return cursor.epoch
+
+    def apply_nack(self, msg: Message) -> bool:
+        """Give ``msg`` and every later message of its partition in flight back, to be delivered
+        again in order, marked. False when ``msg`` was not in flight to it (nothing changes);
+        raises ``FlowFenced`` when it does not hold the partition."""
+        if msg.queue != self.queue:
+            raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.queue!r}")
+        cursor = self._cursors.get(msg.partition)
+        if cursor is None:
+            raise fenced_error(self.queue, self, [msg], "nacked")
+        if cursor.inflight.get(msg.seq) != self._flow_id:
+            return False
+        for seq in sorted(s for s in cursor.inflight if s >= msg.seq):
+            del cursor.inflight[seq]
+            self._inflight -= 1
+        cursor.redeliver_upto = max(cursor.redeliver_upto, cursor.high)
+        cursor.next = min(cursor.next, msg.seq)
+        return True
+
+    def outstanding(self) -> list[list[int]]:
+        """[partition, messages in flight] for each partition it delivers: what the owner
+        waits for in a handoff."""
+        return [[sp, len(c.inflight)] for sp, c in self._cursors.items()]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import BENCH_KEYS, BENCH_PEER_KEYS, check_bench_lines
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KEYS = BENCH_KEYS | BENCH_PEER_KEYS
 PEERS = {"raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",
          "raw_lmdb_put_batch_1000", "raw_lmdb_partitioned_put_batch_1000", "persistqueue_put",

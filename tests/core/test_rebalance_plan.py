@@ -1,5 +1,5 @@
-"""Rebalance dry-run (S38): the plan worked out on a copy of the state is what the real broker
-then does, and working it out changes nothing."""
+"""Rebalance dry-run (rule `rebalance-dry-run`): the plan worked out on a copy of the state is what the real
+broker then does, and working it out changes nothing."""
 from __future__ import annotations
 
 import shutil

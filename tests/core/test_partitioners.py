@@ -1,4 +1,5 @@
-"""Unkeyed partitioners (S2, S20-S22; KIP-794): properties that a wrong partitioner fails.
+"""Unkeyed partitioners (rules `unkeyed-partitioner`, `sticky`, `adaptive` and `availability-timeout`;
+KIP-794): properties that a wrong partitioner fails.
 
 Every partitioner here gets its randomness from a seeded ``random.Random`` and its time as a
 number, so each property is checked on exact, reproducible runs.
@@ -30,14 +31,14 @@ def idle_load(backlog, now=0.0):
     return PartitionLoad(backlog=list(backlog), last_accept=[now] * len(backlog))
 
 
-# ------------------------------------------------------------------ uniform sticky (S20)
+# ------------------------------------------------------------------ uniform sticky (rule `sticky`)
 @settings(max_examples=150, deadline=None)
 @given(seed=seeds, n=st.integers(1, 64), batch=st.integers(1, 64), adaptive=st.booleans(),
        sizes=st.data())
 def test_uniform_mode_spreads_bytes_within_one_batch(seed, n, batch, adaptive, sizes):
     """Strict uniformity: at every moment the bytes per partition differ by at most one batch
     plus one message (B + M - 1 < 2B), however many messages and whatever their sizes. Adaptive
-    mode without load information must behave the same (S21 falls back to uniform)."""
+    mode without load information must behave the same (rule `adaptive` falls back to uniform)."""
     msgs = sizes.draw(st.lists(st.integers(1, batch), max_size=600), label="sizes")
     part = StickyPartitioner(random.Random(seed), batch_size=batch, adaptive=adaptive)
     totals = [0] * n
@@ -78,7 +79,7 @@ def test_uniform_mode_equal_sizes_is_a_permutation_per_round():
 @given(seed=seeds, n=st.integers(1, 32), batch=st.integers(1, 200), adaptive=st.booleans(),
        data=st.data())
 def test_sticky_stays_until_the_byte_threshold_is_crossed(seed, n, batch, adaptive, data):
-    """S20: a message goes to the same partition as the one before it unless the bytes of the
+    """Rule `sticky`: a message goes to the same partition as the one before it unless the bytes of the
     current stint (counting the message that crossed) reached batch_size. Checked with and
     without load, since adaptive switching must not shorten stints either."""
     msgs = data.draw(st.lists(st.tuples(st.integers(1, 2 * batch),
@@ -111,7 +112,7 @@ def test_empty_messages_still_rotate():
     assert got[0:4] == [got[0]] * 4
 
 
-# ------------------------------------------------------------------ adaptive switching (S21)
+# ------------------------------------------------------------------ adaptive switching (rule `adaptive`)
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(2, 64), data=st.data())
 def test_adaptive_weights_favour_the_empty_partition(n, data):
@@ -174,7 +175,7 @@ def test_adaptive_never_starves_a_partition_that_drains(seed, n, batch, initial)
     assert all(received), received
 
 
-# ------------------------------------------------------------------ availability timeout (S22)
+# ----------------------------------------------- availability timeout (rule `availability-timeout`)
 @settings(max_examples=60, deadline=None)
 @given(seed=seeds, n=st.integers(2, 32), batch=st.integers(1, 50), timeout=st.floats(0.01, 60),
        data=st.data())
@@ -243,7 +244,7 @@ def test_timeout_is_ignored_without_adaptive():
     assert [part.partition(2, 1, load, 100.0) for _ in range(20)].count(0) == 10
 
 
-# ------------------------------------------------------------------ random partitioner (S2)
+# -------------------------------------------------- random partitioner (rule `unkeyed-partitioner`)
 @pytest.mark.parametrize("n", [2, 7, 64])
 def test_random_partitioner_is_uniform_chi_square(n):
     draws = 400 * n
@@ -355,7 +356,7 @@ def test_invalid_calls_are_refused():
 
 
 def test_module_is_pure():
-    """STYLE 4: no lmdb, no clock, no global random in the partitioners (randomness injected)."""
+    """A pure core: no lmdb, no clock, no global random in the partitioners (randomness injected)."""
     tree = ast.parse(Path(partitioners_module.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):

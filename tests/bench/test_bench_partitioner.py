@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import check_bench_lines
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ("random", "batch_sticky", "uniform_sticky", "adaptive_sticky")
 PER_PARTITION = ("records", "bytes", "batches", "records_per_batch")
 PER_STRATEGY = ("fast_mean_records", "slow_vs_fast_records", "bytes_spread", "slow_backlog_max",
@@ -93,7 +93,7 @@ def test_records_add_up(results):
 
 
 def test_batch_creation_sticky_skews_records_to_the_slow_partition(results):
-    # The seed's table: the slow partition gets several times the records of a fast one ...
+    # KIP-794's table: the slow partition gets several times the records of a fast one ...
     assert results["batch_sticky_slow_vs_fast_records"]["ratio"] > 2.5
     # ... because its batches are full while the fast partitions send small ones ...
     slow_rpb = results["batch_sticky_p0_records_per_batch"]["value"]

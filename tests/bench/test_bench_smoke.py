@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import check_bench_lines
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 EXPECTED = {
     "raw_lmdb_put_batch_1", "raw_lmdb_put_batch_32", "raw_lmdb_put_batch_100",

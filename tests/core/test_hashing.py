@@ -1,4 +1,4 @@
-"""S1: the key hash is part of the on-disk contract; these values must never change."""
+"""The key hash (rule `key-hash`) is part of the on-disk contract; these values must never change."""
 import pytest
 
 from partq import key_partition

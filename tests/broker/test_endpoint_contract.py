@@ -1,0 +1,233 @@
+"""The contract of ``partq.flow.FlowEndpoint``, run on all three endpoints (``endpoint_kinds``):
+a flow bound in the process that owns its queue's delivery, a flow of a second Broker of the
+same directory served by that owner, and a flow of ``partq.connect`` through a real ``partq
+serve``. Every case must hold on each of them; where an endpoint differs by design the
+protocol's docstring says so and the case spells the difference out.
+
+Every message is published with a key, so the queue's unkeyed partitioner plays no part."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from endpoint_kinds import KINDS, Endpoints
+from helpers import wait_until
+
+import partq
+
+PARTITIONS = 3
+
+
+@pytest.fixture(params=KINDS)
+def kind(request, tmp_path):
+    endpoints = Endpoints(request.param, tmp_path)
+    yield endpoints
+    endpoints.close()
+
+
+def make_queue(kind: Endpoints, **config) -> None:
+    config.setdefault("partitions", PARTITIONS)
+    kind.broker.create_queue("q", rebalance_delay=0.0, **config)
+
+
+def keys_of(partition: int, n: int) -> list[str]:
+    """``n`` keys that all hash to ``partition`` (rule `key-hash`)."""
+    out, i = [], 0
+    while len(out) < n:
+        key = f"k{i}"
+        if partq.key_partition(key, PARTITIONS) == partition:
+            out.append(key)
+        i += 1
+    return out
+
+
+def take(flow: partq.Flow, n: int, max_messages: int = 100, timeout: float = 30) -> list:
+    """Receive until ``n`` messages came (a remote flow's arrive pushed, a peer flow's once its
+    process saw the commit); fails when more come or none for ``timeout`` seconds."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"received {len(got)} of {n} messages"
+        got += flow.receive(min(max_messages, n - len(got)), timeout=0.5)
+    assert len(got) == n
+    return got
+
+
+def nothing_more(flow: partq.Flow) -> bool:
+    return flow.receive(100, timeout=0.3) == []
+
+
+def status_settled(kind: Endpoints, flow: partq.Flow) -> partq.QueueStatus:
+    """The owner's status once it shows ``flow`` holding every partition."""
+    return wait_until(lambda: (lambda st: st if all(p.flow == flow.flow_id for p in st.partitions)
+                               else None)(kind.broker.queue_status("q")),
+                      timeout=30, what="the owner's status to show the flow")
+
+
+# ---------------------------------------------------------------------- binding
+def test_bind_returns_the_partitions_and_exposes_flow_id(kind):
+    make_queue(kind)
+    flow = kind.bind("q", name="svc")
+    assert flow.partitions == frozenset(range(PARTITIONS)) and flow.active
+    assert isinstance(flow.flow_id, str) and flow.flow_id
+    assert (flow.queue, flow.name, flow.closed, flow.closed_reason, flow.unacked) == \
+        ("q", "svc", False, None, 0)
+    st = status_settled(kind, flow)
+    assert [(f.flow, f.name, f.bound) for f in st.flows] == [(flow.flow_id, "svc", True)]
+
+
+# ---------------------------------------------------------------------- receive
+def test_receive_returns_messages_in_partition_order_with_fields_set(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    sent = []
+    for i in range(30):
+        key = f"key-{i % 7}"
+        sent.append((b"m%d" % i, key, {"i": i}))
+    before = time.time_ns()
+    kind.broker.publish_many("q", sent)
+    got = take(flow, 30, max_messages=4)
+    assert {m.payload for m in got} == {p for p, _, _ in sent}
+    for m in got:
+        payload, key, headers = sent[int(m.payload[1:])]
+        assert (m.queue, m.partition, m.key, m.headers, m.redelivered) == \
+            ("q", partq.key_partition(key, PARTITIONS), key, headers, False)
+        assert m.publish_time_ns >= before - 10**9
+    for p in range(PARTITIONS):     # in sequence order per partition, every key in publish order
+        seqs = [m.seq for m in got if m.partition == p]
+        assert seqs == sorted(seqs) == list(range(len(seqs)))
+    for key in {k for _, k, _ in sent}:
+        assert [m.payload for m in got if m.key == key] == [p for p, k, _ in sent if k == key]
+    assert flow.unacked == 30
+
+
+def test_receive_with_a_timeout_returns_nothing_when_nothing_waits(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    assert flow.receive(10) == []
+    start = time.monotonic()
+    assert flow.receive(10, timeout=0.3) == []
+    assert time.monotonic() - start >= 0.3
+    for bad in ({"max_messages": 0}, {"max_messages": 1, "timeout": -1.0}):
+        with pytest.raises(partq.InvalidConfig):
+            flow.receive(**bad)
+
+
+# ---------------------------------------------------------------------- acks and nacks
+def test_an_acked_message_never_comes_back(kind):
+    make_queue(kind)
+    flow = kind.bind("q", name="a")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(6)])
+    got = take(flow, 6)
+    for m in got:
+        flow.ack(m)
+    assert flow.unacked == 0 and nothing_more(flow)
+    assert kind.broker.queue_status("q").depth == 0       # durable when ack returned
+    flow.unbind()
+    again = kind.bind("q", name="b")
+    assert nothing_more(again)
+
+
+def test_ack_many_acks_a_batch_in_one_commit(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(20)])
+    got = take(flow, 20)
+    flow.ack_many(got[:15])
+    assert flow.unacked == 5
+    assert kind.broker.queue_status("q").depth == 5
+    flow.ack_many_async(got[15:]).result()
+    assert flow.unacked == 0 and kind.broker.queue_status("q").depth == 0
+    assert nothing_more(flow)
+
+
+def test_nack_redelivers_the_message_and_the_rest_of_its_partition_marked_in_order(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    keys = keys_of(1, 5)
+    kind.broker.publish_many("q", [(b"m%d" % i, k) for i, k in enumerate(keys)])
+    first = take(flow, 5)
+    assert [m.seq for m in first] == [0, 1, 2, 3, 4] and not any(m.redelivered for m in first)
+    flow.nack(first[2])
+    assert flow.unacked == 2
+    again = take(flow, 3)
+    assert [(m.seq, m.payload, m.redelivered) for m in again] == \
+        [(m.seq, m.payload, True) for m in first[2:]]
+    flow.ack_many(first[:2] + again)
+    assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
+
+
+def test_a_refused_ack_raises_from_the_call_or_from_its_result(kind):
+    """Where endpoints differ (``FlowEndpoint``): a local or peer flow checks an ack itself and
+    refuses in the call; a remote flow's refusal is its server's answer, raised by
+    ``result()``. ``ack_many`` waits, so it raises on all three."""
+    make_queue(kind)
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"only", key="k")
+    [m] = take(flow, 1)
+    never = m._replace(seq=m.seq + 50)              # beyond anything delivered
+    if kind.kind == "remote":
+        pending = flow.ack_many_async([never])
+        with pytest.raises(partq.InvalidAck):
+            pending.result()
+    else:
+        with pytest.raises(partq.InvalidAck):
+            flow.ack_many_async([never])
+    with pytest.raises(partq.InvalidAck):
+        flow.ack_many([m, never])                   # whole or not at all: m stays unacked
+    assert kind.broker.queue_status("q").depth == 1 and flow.unacked == 1
+    flow.ack(m)
+    assert kind.broker.queue_status("q").depth == 0
+
+
+def test_credit_is_bounded_by_max_delivered_unacked_per_flow(kind):
+    make_queue(kind, max_delivered_unacked_per_flow=4)
+    flow = kind.bind("q")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(10)])
+    got = take(flow, 4)
+    assert nothing_more(flow) and flow.unacked == 4       # rule `max-unacked`
+    flow.ack_many(got[:3])
+    got += take(flow, 3)
+    assert nothing_more(flow) and flow.unacked == 4
+    flow.ack_many(got[3:])
+    got += take(flow, 3)
+    flow.ack_many(got[7:])
+    assert sorted(m.payload for m in got) == sorted(b"m%d" % i for i in range(10))
+
+
+# ---------------------------------------------------------------------- unbinding
+def test_unbind_then_receive_raises_flow_closed(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(10)])
+    assert len(take(flow, 1, max_messages=1)) == 1     # the rest may wait on its way to the flow
+    assert flow.unacked == 1
+    flow.unbind()
+    assert flow.closed and flow.closed_reason and not flow.active
+    assert flow.partitions == frozenset() and flow.unacked == 0
+    with pytest.raises(partq.FlowClosed):
+        flow.receive(10)
+    flow.unbind()                                      # again: nothing happens
+    assert list(flow.messages()) == []
+
+
+def test_an_ack_or_nack_after_unbind_is_fenced_and_the_messages_go_to_the_next_flow(kind):
+    make_queue(kind)
+    flow = kind.bind("q", name="a")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(6)])
+    got = take(flow, 6)
+    flow.unbind()
+    with pytest.raises(partq.FlowFenced) as fenced:     # rule `fencing`: nothing was acked,
+        flow.ack_many_async(got)                        # and every endpoint tells at once
+    assert sorted((m.partition, m.seq) for m in fenced.value.messages) == \
+        sorted((m.partition, m.seq) for m in got)
+    with pytest.raises(partq.FlowFenced):
+        flow.nack(got[0])
+    with pytest.raises(partq.FlowFenced):
+        flow.ack_through(got[0].partition, got[0].seq)
+    assert kind.broker.queue_status("q").depth == 6
+    successor = kind.bind("q", name="b")
+    again = take(successor, 6)
+    assert sorted(m.payload for m in again) == sorted(m.payload for m in got)
+    assert all(m.redelivered for m in again)
+    successor.ack_many(again)

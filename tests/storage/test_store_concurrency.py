@@ -1,0 +1,129 @@
+"""The LMDB store shared: group commit of many threads' writes (rule `durable-publish`), a
+failing write that fails only its caller, and a store used across fork().
+
+Every test runs against a real LMDB environment in its own ``tmp_path`` directory (fixtures in
+tests/storage/conftest.py); the main write/read tests run once per durability mode.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from store_helpers import append, head, make_queue, payloads_of, rec
+
+from partq.errors import UsedAcrossFork
+from partq.storage import Store
+
+
+# ------------------------------------------------------------ group commit (rule `durable-publish`)
+def test_group_commit_from_8_threads(tmp_path, opened, durability):
+    store = opened(tmp_path / "d", durability=durability)
+    qid = make_queue(store)
+    commits_before, _ = store.commit_counts()
+    results: dict[int, list[int]] = {}
+    errors = []
+    start = threading.Barrier(8)
+
+    def publisher(t):
+        try:
+            start.wait()
+            results[t] = [store.write(lambda w, i=i: w.append(qid, 0, [rec(b"%d:%d" % (t, i))]))
+                          for i in range(200)]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publisher, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    seqs = [s for t in range(8) for s in results[t]]
+    assert len(set(seqs)) == 1600 and set(seqs) == set(range(1600))
+    for t in range(8):
+        assert results[t] == sorted(results[t])  # one thread's appends keep their order
+    stored = payloads_of(store, qid, 0)
+    for t in range(8):
+        for i, seq in enumerate(results[t]):
+            assert stored[seq] == b"%d:%d" % (t, i)
+    commits = store.commit_counts()[0] - commits_before
+    assert commits < 1600, "no commit was shared"
+    assert head(store, qid) == 1600
+
+
+def test_failing_op_leaves_nothing_and_fails_only_its_caller(tmp_path, opened, durability):
+    store = opened(tmp_path / "d", durability=durability)
+    qid = make_queue(store)
+
+    def bad(w):
+        w.append(qid, 0, [rec(b"never")])
+        raise ValueError("refused")
+
+    for _ in range(20):  # submit bursts so that good and bad ops share a commit
+        futs = [store.submit(lambda w: w.append(qid, 0, [rec(b"good")])), store.submit(bad),
+                store.submit(lambda w: w.append(qid, 0, [rec(b"good")]))]
+        with pytest.raises(ValueError, match="refused"):
+            futs[1].result()
+        assert futs[0].result() != futs[2].result()
+    got = payloads_of(store, qid, 0)
+    assert sorted(got) == list(range(40)) and set(got.values()) == {b"good"}
+    assert head(store, qid) == 40
+
+
+# ---------------------------------------------------------------------------- fork
+def _in_child(body) -> int:
+    """Run ``body()`` in a forked child; return its exit status (its return value, 255 on error)."""
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 255
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status)
+    return os.WEXITSTATUS(status)
+
+
+def test_store_used_across_fork_raises(tmp_path, opened):
+    store = opened(tmp_path / "d")
+    qid = make_queue(store)
+    append(store, qid, 0, [b"parent"])
+
+    def child():
+        code = 0
+        for bit, use in ((1, lambda: store.write(lambda w: w.append(qid, 0, [rec(b"child")]))),
+                         (2, lambda: store.read().__enter__()),
+                         (4, lambda: store.submit(lambda w: w.append(qid, 0, [rec(b"child")])))):
+            try:
+                use()
+            except UsedAcrossFork as exc:
+                if "forked child" in str(exc):
+                    code |= bit
+        store.close()  # a no-op in the child: it must not touch the parent's environment
+        return code
+
+    assert _in_child(child) == 7, "1=write, 2=read, 4=submit must raise UsedAcrossFork"
+    # The parent's store is unaffected, and the child wrote nothing.
+    assert append(store, qid, 0, [b"parent-again"]) == 1
+    assert payloads_of(store, qid, 0) == {0: b"parent", 1: b"parent-again"}
+
+
+def test_forked_child_cannot_reopen_and_is_told_what_to_do(tmp_path, opened):
+    """py-lmdb refuses a second environment on files its forked parent had open, so the child
+    gets UsedAcrossFork saying to open after forking or to use 'spawn', never CorruptStore."""
+    path = tmp_path / "d"
+    store = opened(path)
+    qid = make_queue(store)
+    append(store, qid, 0, [b"parent"])
+
+    def child():
+        try:
+            Store.open(path)
+        except UsedAcrossFork as exc:
+            return 0 if "spawn" in str(exc) else 2
+        return 1
+
+    assert _in_child(child) == 0
+    assert payloads_of(store, qid, 0) == {0: b"parent"}
