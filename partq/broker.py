@@ -407,6 +407,9 @@ class Broker:
         self._check_writable()
         if name is not None and not isinstance(name, str):
             raise InvalidConfig(f"flow name must be a str, not {type(name).__name__}")
+        if name is not None and (not name.isprintable() or not 0 < len(name) <= 256):
+            raise InvalidConfig(f"flow name {name!r} must be 1 to 256 printable characters (no "
+                                f"control characters: it is shown in status and logs)")
         if hint is not None:
             hint = list(hint)
             if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):

@@ -389,6 +389,29 @@ class Dispatcher:
             fut.result()
         self.notify()
 
+    def change_token(self) -> tuple[int, int]:
+        """What ``wait_for_change`` compares: this process's change generation and the store's
+        version (another process's commit)."""
+        with self._changed:
+            generation = self._generation
+        return generation, self.store.version()
+
+    def wait_for_change(self, token: tuple[int, int], timeout: float) -> None:
+        """Sleep until something may have made a message deliverable since ``token`` was taken
+        (as ``wait_for_messages`` sleeps between collects): a commit or a change of delivery
+        state of this process, ``notify()``, another process's commit, a due timer; or until
+        ``timeout`` seconds passed. For a caller that serves many flows from one thread."""
+        deadline = time.monotonic() + timeout
+        while self.change_token() == token and not self._timer_due():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._ticker is None:     # nobody else watches the store: look every poll
+                remaining = min(remaining, POLL_INTERVAL)
+            with self._changed:
+                if self._generation == token[0]:
+                    self._changed.wait(remaining)
+
     def notify(self) -> None:
         with self._changed:
             self._generation += 1

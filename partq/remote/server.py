@@ -21,17 +21,21 @@ One session per connection. Requests carry an id and are answered in order of co
     the client raises ``partq.wire.error_frames.error_from_frame`` of it, the same class with
     the same fields (a ``CorruptRecord`` with its queue, partition and seq)
 
-Pushes, from one pump thread per bound flow: ``deliver {flow, n, messages}`` (within the flow's
-credit: at most ``max_delivered_unacked_per_flow`` unacked), ``state {flow, partitions}``,
-``event {flow, active, partitions}``, ``closed {flow, reason}``. ``n`` counts a flow's deliver
-frames; a nack's answer names the last one sent before the nack took effect, so the client drops
-exactly the copies the nack gives back (they come again, marked redelivered, in order).
+Pushes, from one pump thread per connection that serves each of its flows in turn:
+``deliver {flow, n, messages}`` (within the flow's credit: at most
+``max_delivered_unacked_per_flow`` unacked; at most ``PUSH_BYTES`` of messages a frame),
+``state {flow, partitions}``, ``event {flow, active, partitions}``, ``closed {flow, reason}``.
+``n`` counts a flow's deliver frames; a nack's answer names the last one sent before the nack
+took effect, so the client drops exactly the copies the nack gives back (they come again,
+marked redelivered, in order).
 
 Liveness (rule `liveness`): a session that closes unbinds its flows at once; one silent for its queues'
 ``consumer_timeout`` (clients beat every quarter of it) is closed, with the same effect.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import queue as queue_module
 import socket
@@ -49,7 +53,7 @@ log = logging.getLogger("partq.server")
 
 PUSH_BATCH = 500          # messages per deliver frame at most
 PUSH_BYTES = 4 << 20      # payload and key bytes per deliver frame (one larger message goes alone)
-PUMP_WAIT = 0.05          # seconds a pump waits for messages before it looks for nacks
+IDLE_WAIT = 1.0           # seconds the pump thread sleeps at most when nothing changed
 MAX_ITEMS = 1 << 17       # items of any one array or map of a request, checked as it is decoded
 
 
@@ -58,6 +62,7 @@ class Server:
                  ssl_context: ssl.SSLContext | None = None, limits: Limits = Limits()) -> None:
         self.broker = broker
         self.limits = limits
+        keep_large_blocks_apart()
         for config in broker.queues():
             if not broker.dispatcher.take_over(config.name):
                 log.info("queue %r is delivered by another process: its flows here follow it",
@@ -119,6 +124,9 @@ class Session:
         """Queue a frame for the client (pumps, answers); written in batches by one thread."""
         self._outbox.put(frame)
 
+    def pending_bytes(self) -> int:
+        return self._outbox.pending_bytes()
+
     def wait_for_room(self, limit: int, timeout: float) -> bool:
         """Wait until fewer than ``limit`` bytes wait to be written to the client."""
         return self._outbox.wait_below(limit, timeout)
@@ -131,6 +139,8 @@ class Session:
         completer = threading.Thread(target=self._complete, name="partq-serve-complete",
                                      daemon=True)
         completer.start()
+        pumper = threading.Thread(target=self._pump_loop, name="partq-serve-pump", daemon=True)
+        pumper.start()
         reason = "closed the connection"
         stream = self.sock.makefile("rb", buffering=1 << 16)
         try:
@@ -150,6 +160,7 @@ class Session:
             reason = str(exc) or type(exc).__name__
         finally:
             self.closed.set()
+            self.broker.dispatcher.notify()         # the pump thread sees the session end
             self._completions.put(None)
             self._outbox.close()
             flows, self.flows = list(self.flows.values()), {}
@@ -159,7 +170,11 @@ class Session:
             log.info("client %s disconnected: %s; %d flow(s) unbound", self.who, reason,
                      len(flows))
             completer.join(timeout=5)
+            pumper.join(timeout=5)
             stream.close()
+            for pump in flows:
+                pump.detach()                       # no session <-> pump cycle left behind
+            give_back_freed_memory()
 
     def _handle(self, frame: dict) -> None:
         op, req = frame.get("op"), frame.get("req")
@@ -206,6 +221,7 @@ class Session:
             elif op == "nack":
                 p, s = frame["id"]
                 self._pump(frame).nack(req, p, s)
+                self.broker.dispatcher.notify()     # wake the pump thread to apply it
             elif op == "unbind":
                 leaving = self.flows.pop(str(frame.get("flow")), None)
                 if leaving is not None:
@@ -234,8 +250,6 @@ class Session:
         queue = str(frame.get("queue"))
         hint = frame.get("hint")
         name = frame.get("name")
-        if name is not None and (not isinstance(name, str) or not name.isprintable()):
-            raise InvalidConfig("a flow name must be printable text (no control characters)")
         if len(self.flows) >= self.limits.max_flows:
             raise InvalidConfig(f"this connection has {len(self.flows)} flows bound, the server's "
                                 f"limit; unbind one, or open another connection")
@@ -252,7 +266,34 @@ class Session:
                    "partitions": sorted(flow.partitions), "consumer_timeout": timeout})
         log.info("client %s bound flow %s of queue %r: partitions %s", self.who,
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
-        pump.start()
+        self.broker.dispatcher.notify()             # the pump thread serves it from now on
+
+    def _pump_loop(self) -> None:
+        """Serve every flow of the connection from one thread: each in turn pushes what it has
+        now; when none had anything, sleep until the dispatcher sees a change (a commit, a
+        change of delivery state, a nack or bind of this session) or ``IDLE_WAIT``. Pushes wait
+        while ``max_push_bytes`` are queued for a client that reads slowly."""
+        dispatcher = self.broker.dispatcher
+        try:
+            while not self.closed.is_set():
+                token = dispatcher.change_token()
+                if not self.wait_for_room(self.limits.max_push_bytes, IDLE_WAIT):
+                    continue
+                busy = False
+                for pump in list(self.flows.values()):
+                    if not pump.stopped and not self.closed.is_set():
+                        busy = pump.serve() or busy
+                if not busy:
+                    dispatcher.wait_for_change(token, IDLE_WAIT)
+        except OSError:
+            pass          # the connection is closing; the session unbinds its flows
+        except Exception:  # a bug: this connection ends (its client reconnects), visibly
+            log.exception("client %s: pushing to its flows failed; closing the connection",
+                          self.who)
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def drop_named(self, queue: str, name: str) -> None:
         """Unbind this session's flow ``name`` of ``queue`` (its client is back on another
@@ -295,81 +336,93 @@ class Session:
 
 
 class Pump:
-    """Pushes one flow's messages, partition changes and events to its client."""
+    """One flow's pushes to its client: messages, partition changes and events. It has no
+    thread: the session's pump thread serves every flow of the connection in turn
+    (``serve``), and sleeps on the dispatcher's changes when none had anything."""
 
     def __init__(self, session: Session, flow, consumer_timeout: float) -> None:
         self.session = session
         self.flow = flow
         self.consumer_timeout = consumer_timeout
         self._nacks: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._stop = threading.Event()
         self._sent = 0
-        self._thread = threading.Thread(target=self._run, name="partq-serve-pump", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
+        self._partitions = flow.partitions
+        self._batch = 1             # per receive, from the sizes seen: what one receive holds
+                                    # stays near PUSH_BYTES (one at first: sizes unknown)
+        self._held: list[list[Message]] = []     # received, not pushed yet: the client is slow
+        self.stopped = False
 
     def message(self, partition: int, seq: int) -> Message:
         """A message as ack and nack need it (queue, partition, seq)."""
         return Message(self.flow.queue, int(partition), int(seq), None, b"", None, 0, False)
 
     def nack(self, req, partition: int, seq: int) -> None:
-        """Queue a nack for the pump, which applies it between two deliver frames."""
+        """Queue a nack for the pump thread, which applies it between two deliver frames."""
         self._nacks.put((req, self.message(partition, seq)))
 
+    def detach(self) -> None:
+        """Drop what the pump holds of its session once the session ended."""
+        self._held = []
+        self.session = None  # type: ignore[assignment]
+
     def stop(self, unbind: bool) -> None:
-        self._stop.set()
+        self.stopped = True
         if unbind:
             try:
                 self.flow.unbind()
             except PartqError:
                 pass
-        if threading.current_thread() is not self._thread and self._thread.is_alive():
-            self._thread.join(timeout=5)
 
-    def _run(self) -> None:
+    def _push_held(self) -> bool:
+        """Push held deliver frames while the client has room; True when none are left."""
+        session = self.session
+        while self._held:
+            if session.pending_bytes() >= session.limits.max_push_bytes:
+                return False
+            batch = self._held.pop(0)
+            self._sent += 1
+            session.send({"op": "deliver", "flow": self.flow.flow_id, "n": self._sent,
+                          "messages": [[m.partition, m.seq, m.key, m.payload, m.headers,
+                                        m.publish_time_ns, m.redelivered] for m in batch]})
+        return True
+
+    def serve(self) -> bool:
+        """Apply queued nacks, push what the flow has now (without waiting), its events and a
+        change of its partitions. True if it pushed messages (there may be more)."""
         flow, session, fid = self.flow, self.session, self.flow.flow_id
-        partitions = flow.partitions
-        batch_size = PUSH_BATCH     # fewer per receive when messages are large: what one
-                                    # receive holds stays near PUSH_BYTES
+        if self._held and not self._push_held():
+            return False        # frames received before a nack go out before it takes effect
+        while not self._nacks.empty():
+            req, msg = self._nacks.get()
+            try:
+                flow.nack(msg)
+                session.send({"op": "ok", "req": req, "upto": self._sent})
+            except PartqError as exc:
+                session.send(error_frame(exc, req=req))
         try:
-            while not self._stop.is_set() and not session.closed.is_set():
-                while not self._nacks.empty():
-                    req, msg = self._nacks.get()
-                    try:
-                        flow.nack(msg)
-                        session.send({"op": "ok", "req": req, "upto": self._sent})
-                    except PartqError as exc:
-                        session.send(error_frame(exc, req=req))
-                if not session.wait_for_room(session.limits.max_push_bytes, PUMP_WAIT):
-                    continue        # the client reads slowly: deliver more once it caught up
-                try:
-                    msgs = flow.receive(batch_size, timeout=PUMP_WAIT)
-                except FlowClosed as exc:
-                    session.send({"op": "closed", "flow": fid, "reason": flow.closed_reason
-                                  or str(exc)})
-                    return
-                except PartqError as exc:      # a corrupt record: the client raises it
-                    session.send(error_frame(exc, req=None, flow=fid))
-                    continue
-                batches = byte_batches(msgs, PUSH_BYTES)
-                if msgs:
-                    size = sum(message_bytes(m) for m in msgs) // len(msgs)
-                    batch_size = max(1, min(PUSH_BATCH, PUSH_BYTES // max(size, 1)))
-                for batch in batches:
-                    self._sent += 1
-                    session.send({"op": "deliver", "flow": fid, "n": self._sent, "messages": [
-                        [m.partition, m.seq, m.key, m.payload, m.headers, m.publish_time_ns,
-                         m.redelivered] for m in batch]})
-                for update in flow.events():
-                    session.send({"op": "event", "flow": fid, "active": update.active,
-                                  "partitions": sorted(update.partitions)})
-                now = flow.partitions
-                if now != partitions:
-                    partitions = now
-                    session.send({"op": "state", "flow": fid, "partitions": sorted(now)})
-        except OSError:
-            pass      # the session ends; it unbinds the flow
+            msgs = flow.receive(self._batch, timeout=0)
+        except FlowClosed as exc:
+            self.stopped = True
+            if not session.closed.is_set():
+                session.send({"op": "closed", "flow": fid,
+                              "reason": flow.closed_reason or str(exc)})
+            return False
+        except PartqError as exc:      # a corrupt record: the client raises it
+            session.send(error_frame(exc, req=None, flow=fid))
+            return True
+        if msgs:
+            size = sum(message_bytes(m) for m in msgs) // len(msgs)
+            self._batch = max(1, min(PUSH_BATCH, PUSH_BYTES // max(size, 1)))
+            self._held = byte_batches(msgs, PUSH_BYTES)
+            self._push_held()
+        for update in flow.events():
+            session.send({"op": "event", "flow": fid, "active": update.active,
+                          "partitions": sorted(update.partitions)})
+        now = flow.partitions
+        if now != self._partitions:
+            self._partitions = now
+            session.send({"op": "state", "flow": fid, "partitions": sorted(now)})
+        return bool(msgs)
 
 
 def byte_batches(msgs: list[Message], limit: int) -> list[list[Message]]:
@@ -400,3 +453,36 @@ def message_bytes(m: Message) -> int:
     return len(m.payload) + len(m.key or "") + sum(
         len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
         for k, v in (m.headers or {}).items())
+
+
+def _libc():
+    try:
+        name = ctypes.util.find_library("c")
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+_MALLOPT = getattr(_LIBC, "mallopt", None)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 256 << 10
+
+
+def keep_large_blocks_apart() -> None:
+    """Serve large blocks (frames, payloads) from their own mappings, returned to the system
+    when freed. glibc raises its threshold for that after the first large block is freed, so
+    later ones (a 14 MiB frame, 4 MiB deliveries) land in the heap between small live objects
+    and stay there: the server's memory would only grow under large frames. A fixed threshold
+    turns that off."""
+    if _MALLOPT is not None:
+        _MALLOPT(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def give_back_freed_memory() -> None:
+    """After a connection ends: hand the C allocator's freed memory back to the system.
+    Payloads of many threads leave freed blocks in glibc's per-thread arenas, which it keeps
+    otherwise (a consumer's large messages would keep the server's RSS up after it left)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)

@@ -112,3 +112,20 @@ def test_report_collects_lines_and_writes_the_table(tmp_path):
     assert "| what | partq | peer | ratio (min-max of pairs) | target | result |" in md
     assert "0.9x (0.8-1)" in md and ">= 0.85x | met" in md
     assert "spark_read.py is not built yet" in md and "2 CPUs" in md
+
+
+def test_hostile_bench_quick_prints_json_lines(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "hostile.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [d["name"] for d in lines] == ["serve_rss_peak_under_attack",
+                                          "serve_rss_after_clients_left",
+                                          "legit_worst_publish_latency_under_attack"]
+    for d in lines:
+        assert d["attacked_round"]["errors"] == 0 and d["calm_round"]["errors"] == 0
+        assert d["peer_value"] > 0 and d["value"] > 0
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"

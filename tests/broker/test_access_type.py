@@ -215,3 +215,14 @@ def test_a_damaged_parent_log_is_reported_as_the_parent_queue(broker):
     with pytest.raises(partq.CorruptRecord, match="queue 'q' parent queue seq 0: ") as err:
         flow.receive(10)
     assert (err.value.partition, err.value.seq) == (PARENT, 0)
+
+
+def test_a_bound_flow_cannot_ack_stranded_messages_nobody_received(broker):
+    broker.create_queue("q", partitions=2, access_type="exclusive")
+    broker.publish_many("q", [(b"old%d" % i, f"k{i}") for i in range(5)])
+    broker.update_queue("q", access_type="non-exclusive")       # five stranded, never delivered
+    flow = broker.bind("q")
+    forged = [partq.Message("q", PARENT, s, None, b"", None, 0, False) for s in range(5)]
+    with pytest.raises(partq.InvalidAck, match="never given"):
+        flow.ack_many(forged)
+    assert broker.queue_status("q").parent_depth == 5

@@ -29,3 +29,45 @@ def test_a_token_file_others_may_read_is_warned_of(tmp_path, caplog, mode, warne
 def test_a_short_token_is_refused_with_how_to_make_one(tmp_path):
     with pytest.raises(partq.InvalidConfig, match="openssl rand"):
         read_token(token="short")
+
+
+@pytest.mark.parametrize("name", ["svc\nINFO forged log line", "tab\there", "", "x" * 257])
+def test_a_flow_name_with_control_characters_is_refused(tmp_path, name):
+    with partq.Broker.open(tmp_path / "data") as broker:
+        broker.create_queue("q", partitions=1)
+        with pytest.raises(partq.InvalidConfig, match="printable characters"):
+            broker.bind("q", name=name)
+
+
+def test_a_client_hello_with_control_characters_is_escaped_in_the_log(tmp_path, caplog):
+    import socket
+
+    from helpers import wait_until
+
+    from partq.remote.server import Server
+    from partq.wire.handshake import client_handshake
+    with partq.Broker.open(tmp_path / "data") as broker:
+        server = Server(broker, "127.0.0.1:0", token=TOKEN.encode())
+        try:
+            with caplog.at_level(logging.INFO, logger="partq.server"):
+                host, port = server.address.rsplit(":", 1)
+                with socket.create_connection((host, int(port)), timeout=30) as sock:
+                    client_handshake(sock, "serve", TOKEN.encode(), 30, pid="1\nINFO forged",
+                                     host="h\rX")
+                    wait_until(lambda: any("connected" in r.getMessage() for r in caplog.records),
+                               30, "the connection logged")
+            line = next(r.getMessage() for r in caplog.records if "connected" in r.getMessage())
+            assert "\n" not in line and "\r" not in line
+            assert "1\\nINFO forged" in line and "h\\rX" in line
+        finally:
+            server.close()
+
+
+def test_ssl_true_means_the_default_context_and_nonsense_is_refused():
+    import ssl
+
+    from partq.remote.client import client_context
+    assert isinstance(client_context(True), ssl.SSLContext)
+    assert client_context(None) is None and client_context(False) is None
+    with pytest.raises(partq.InvalidConfig, match="ssl must be"):
+        client_context("yes")

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import msgpack
+from helpers import wait_until
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -115,8 +116,11 @@ class Proc:
         self.popen.wait(10)
 
     def pause(self) -> None:
-        """SIGSTOP: the process stays, its sockets stay open, it does nothing (a stalled host)."""
+        """SIGSTOP: the process stays, its sockets stay open, it does nothing (a stalled host).
+        Returns once the kernel shows it stopped: on a busy machine a signalled process may
+        still run for a moment (and, say, ack one more commit)."""
         self.popen.send_signal(signal.SIGSTOP)
+        wait_until(lambda: _state(self.popen.pid) in ("T", "t"), 30, "the process stopped")
 
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM (the scripts close their broker cleanly) and wait; SIGKILL if it hangs."""
@@ -242,3 +246,9 @@ def stored_payloads(path) -> dict[tuple[str, int, int], bytes]:
             for seq, raw in part["records"]:
                 out[(name, p, seq)] = decode_record(raw, name, p, seq).payload
     return out
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (R running, S sleeping, T stopped, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
