@@ -75,7 +75,7 @@ class RemoteAccess(_Closing):
         from partq.remote.client import connect
         self.where = where
         self.queue = where.queue
-        self.client = connect(where.address, token=where.token)
+        self.client = connect(where.address, token=where.token, ssl=where.ssl_context())
 
     def logs(self, known: Iterable[int] = ()) -> QueueLogs:
         return QueueLogs.from_doc(self.client.call({"op": "logs", "queue": self.queue,
@@ -147,7 +147,7 @@ class RemoteJobs(_Closing):
     def __init__(self, where: Where) -> None:
         from partq.remote.client import connect
         self.queue = where.queue
-        self.client = connect(where.address, token=where.token)
+        self.client = connect(where.address, token=where.token, ssl=where.ssl_context())
 
     def stager(self, job_id: str, task_partition: int, attempt_id: int, batch_rows: int):
         return RemoteStager(self, job_id, task_partition, attempt_id, batch_rows)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from partq.errors import InvalidConfig
 
-COMMON = ("path", "queue", "address", "token", "tokenFile")
+COMMON = ("path", "queue", "address", "token", "tokenFile", "tls", "tlsCaFile", "tlsCertFile",
+          "tlsKeyFile")
 WRITE = ("keyColumn", "payloadColumn", "batchSize", "partitions")
 READ = ("parent", "splitRows")
 STREAM = ("consumer", "maxMessagesPerTrigger", "failOnDataLoss", "splitRows")
@@ -25,9 +26,27 @@ class Where:
     path: str | None = None
     address: str | None = None
     token: bytes | None = None
+    tls: bool = False                 # TLS to partq serve (an SSLContext is made in each task:
+    tls_ca_file: str | None = None    # contexts do not pickle); the CA to trust (default: the
+    tls_cert_file: str | None = None  # system's), and a client certificate if the server asks
+    tls_key_file: str | None = None
 
     def describe(self) -> str:
         return f"partq serve at {self.address}" if self.address else str(self.path)
+
+    def ssl_context(self):
+        """The client TLS context of this address, or None without TLS."""
+        if not self.tls:
+            return None
+        import ssl
+        try:
+            context = ssl.create_default_context(cafile=self.tls_ca_file)
+            if self.tls_cert_file:
+                context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidConfig(f"the TLS options of the partq data source cannot be used: "
+                                f"{exc}; check tlsCaFile, tlsCertFile and tlsKeyFile") from None
+        return context
 
 
 def check_known(options, known: tuple[str, ...], direction: str) -> None:
@@ -48,13 +67,24 @@ def where(options) -> Where:
     if path and address:
         raise InvalidConfig("pass either option path (a directory on this host) or address "
                             "(partq serve), not both")
+    tls_files = {name: options.get(name) for name in ("tlsCaFile", "tlsCertFile", "tlsKeyFile")}
     if address:
         from partq.wire.handshake import read_token
         token = read_token(options.get("token"), options.get("tokenFile"))
-        return Where(queue=queue, address=address, token=token)
-    if options.get("token") or options.get("tokenFile"):
-        raise InvalidConfig("option token goes with option address (partq serve); a directory "
-                            "given by path needs none")
+        tls = bool_option(options, "tls", any(tls_files.values()))
+        if not tls and any(tls_files.values()):
+            raise InvalidConfig("options tlsCaFile, tlsCertFile and tlsKeyFile need tls true")
+        if bool(tls_files["tlsCertFile"]) != bool(tls_files["tlsKeyFile"]):
+            raise InvalidConfig("pass both tlsCertFile and tlsKeyFile, or neither")
+        found = Where(queue=queue, address=address, token=token, tls=tls,
+                      tls_ca_file=tls_files["tlsCaFile"], tls_cert_file=tls_files["tlsCertFile"],
+                      tls_key_file=tls_files["tlsKeyFile"])
+        found.ssl_context()        # a wrong file fails here, on the driver, with one line
+        return found
+    if options.get("token") or options.get("tokenFile") or options.get("tls") \
+            or any(tls_files.values()):
+        raise InvalidConfig("options token and tls* go with option address (partq serve); a "
+                            "directory given by path needs none")
     if not path:
         raise InvalidConfig("option path is missing: .option('path', '/dir/of/partq/store'), or "
                             ".option('address', 'HOST:PORT') to go through partq serve")
