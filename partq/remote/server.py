@@ -46,7 +46,7 @@ from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, 
 from partq.jobs.staging import SPARK_OPS, spark_request
 from partq.message import Message
 from partq.wire.error_frames import error_frame
-from partq.wire.frames import Outbox, read_frame
+from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
 
 log = logging.getLogger("partq.server")
@@ -439,12 +439,6 @@ def byte_batches(msgs: list[Message], limit: int) -> list[list[Message]]:
         batches[-1].append(m)
         size += n
     return batches
-
-
-def printable(value) -> str:
-    """A value a client sent, fit for a log line: control characters escaped."""
-    text = str(value)
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def message_bytes(m: Message) -> int:

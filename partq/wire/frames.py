@@ -163,3 +163,10 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise PartqError(f"address {address!r} must be HOST:PORT, e.g. 127.0.0.1:7010")
     return host or "127.0.0.1", int(port)
+
+
+def printable(value) -> str:
+    """A value a peer sent, fit for a log line or a status: control characters escaped, so a
+    peer cannot forge lines."""
+    text = str(value)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

@@ -38,7 +38,7 @@ import time
 from partq.errors import FrameError, PartqError
 from partq.message import FlowChangeUpdate
 from partq.wire.error_frames import error_frame
-from partq.wire.frames import recv_frame, send_frame
+from partq.wire.frames import printable, recv_frame, send_frame
 
 log = logging.getLogger("partq.delivery")
 
@@ -291,7 +291,7 @@ class ControlServer:
                 conn.push(error_frame(refused, req=None))
                 conn.close()
                 return
-            conn.client = f"pid {frame.get('pid')} on {frame.get('host')}"
+            conn.client = f"pid {printable(frame.get('pid'))} on {printable(frame.get('host'))}"
             conn.push({"op": "welcome", "v": VERSION,
                        "timeout": self.dispatcher.consumer_timeout(self.queue)})
             return
