@@ -14,10 +14,15 @@ stands alone) does not load the broker.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 from partq.errors import *  # noqa: F403  (the typed errors are part of the public API)
 from partq.errors import __all__ as _error_names
+
+# a library logs; the application decides where it goes (without this, Python's last-resort
+# handler would print partq's warnings on stderr of every program that imports it)
+logging.getLogger("partq").addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 

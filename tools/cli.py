@@ -6,6 +6,9 @@ unknown option, missing argument, a value of the wrong type).
 """
 from __future__ import annotations
 
+import logging
+import sys
+
 import click
 
 import partq
@@ -48,6 +51,31 @@ def cli(ctx: click.Context, data: str) -> None:
     status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error.
     """
     ctx.obj = App(data)
+    show_warnings()
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (as Python's last-resort
+    handler does), so a command run in-process under a swapped stderr still shows them."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def show_warnings() -> None:
+    """The library's warnings on stderr, as plain lines (``partq serve`` sets its own format);
+    the library itself only has a NullHandler."""
+    root = logging.getLogger("partq")
+    if not any(isinstance(h, logging.StreamHandler) for h in root.handlers):
+        handler = _Stderr()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
 
 
 def _set_data(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

@@ -197,8 +197,10 @@ class Connection:
                 self.server.handle(self, frame)
         except (FrameError, OSError) as exc:
             if not self._closed.is_set() and not self.server.stopping:
-                log.info("delivery client %s of queue %r disconnected: %s", self.client,
-                         self.server.queue, exc)
+                # a process that only asked for a status leaves every time: not news
+                level = logging.INFO if self.flows else logging.DEBUG
+                log.log(level, "delivery client %s of queue %r disconnected: %s", self.client,
+                        self.server.queue, exc)
         except Exception:  # a bug ends this connection only, visibly
             log.exception("control connection of %s failed", self.client)
         finally:
