@@ -27,7 +27,13 @@ from partq.delivery.holds import clear_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.open_report import log_open_report
 from partq.delivery.saved_state import decode_state
-from partq.errors import InvalidConfig, OpenedReadOnly, QueueExists, QueueNotFound, StandbyReadOnly
+from partq.errors import (
+    InvalidConfig,
+    OpenedReadOnly,
+    QueueExists,
+    StandbyReadOnly,
+    queue_not_found,
+)
 from partq.flow import Flow
 from partq.message import PublishResult
 from partq.pending import Pending
@@ -258,9 +264,8 @@ class Broker:
     def queue_config(self, name: str) -> QueueConfig:
         with self._store.read() as r:
             raw = r.queue(name)
-        if raw is None:
-            raise QueueNotFound(f"no queue named {name!r}; create it with create_queue "
-                                f"(or `partq queue create {name}`)")
+            if raw is None:
+                raise queue_not_found(name, r.queues())
         return QueueConfig.from_dict(raw)
 
     def queues(self) -> list[QueueConfig]:
@@ -431,7 +436,7 @@ class Broker:
         with self._store.read() as r:
             raw = r.queue(queue)
             if raw is None:
-                raise QueueNotFound(f"no queue named {queue!r}")
+                raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
             owner = queue_holder(self.path, config.qid)
             st = build_queue_status(r, config, view, owner)

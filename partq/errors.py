@@ -136,6 +136,17 @@ class CopyOutError(PartqError):
     copied; the message says how to continue."""
 
 
+def queue_not_found(name: str, known, hint: str | None = None) -> QueueNotFound:
+    """``QueueNotFound`` for ``name``, suggesting the closest of the ``known`` queue names
+    (a mistyped name) and else ``hint``: how to make it."""
+    import difflib
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    if close:
+        return QueueNotFound(f"no queue named {name!r}; did you mean {close[0]!r}?")
+    return QueueNotFound(f"no queue named {name!r}; " + (
+        hint or f"create it with create_queue (or `partq queue create {name}`)"))
+
+
 def describe_os_error(exc: OSError, doing: str | None = None) -> str:
     """One line for an ``OSError`` on a file: what failed, on which path, why, and what to
     check ("cannot write /x: Permission denied; check its permissions")."""

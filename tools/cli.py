@@ -7,6 +7,7 @@ unknown option, missing argument, a value of the wrong type).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -23,6 +24,12 @@ class PartqGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # the reader of our output stopped (`partq copy-out ... | head`): a normal end.
+            # Point stdout at /dev/null so the flush at exit does not fail again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(0) from None
         except Exception as exc:
             error = translate(exc)
             if error is None:

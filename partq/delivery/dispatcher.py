@@ -37,7 +37,7 @@ from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
 from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
-from partq.errors import DeliveryLocked, InvalidConfig, OwnerLost, PartqError, QueueNotFound
+from partq.errors import DeliveryLocked, InvalidConfig, OwnerLost, PartqError, queue_not_found
 from partq.flow import FlowEndpoint
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import WriteHandle
@@ -133,9 +133,8 @@ class Dispatcher:
         the owner's control socket on first use)."""
         with self.store.read() as r:
             raw = r.queue(queue)
-        if raw is None:
-            raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
-                                f"(or `partq queue create {queue}`)")
+            if raw is None:
+                raise queue_not_found(queue, r.queues())
         group = PeerQueue(self, queue, raw["qid"])
         with self._lock:
             existing = self._peer_queues.get(queue)
@@ -169,9 +168,8 @@ class Dispatcher:
             return qd
         with self.store.read() as r:
             raw = r.queue(queue)
-        if raw is None:
-            raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
-                                f"(or `partq queue create {queue}`)")
+            if raw is None:
+                raise queue_not_found(queue, r.queues())
         config = QueueConfig.from_dict(raw)
         lock = DeliveryLock(self.store.path, config.qid, queue)
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from partq.config import QueueConfig
-from partq.errors import CorruptRecord, InvalidConfig, PartitionNotFound, QueueNotFound
+from partq.errors import CorruptRecord, InvalidConfig, PartitionNotFound, queue_not_found
 from partq.storage import decode_record
 from partq.storage.encoding import PARENT
 
@@ -26,7 +26,7 @@ def load_config(reader, queue: str) -> QueueConfig:
     ``QueueNotFound`` when there is no such queue."""
     raw = reader.queue(queue)
     if raw is None:
-        raise QueueNotFound(f"no queue named {queue!r}; list the queues with `partq queue list`")
+        raise queue_not_found(queue, reader.queues(), "list the queues with `partq queue list`")
     return QueueConfig.from_dict(raw)
 
 

@@ -278,6 +278,8 @@ class FileSink:
             if not self._stream:
                 os.fsync(self._file.fileno())
         except OSError as exc:
+            if self._stream and exc.errno == errno.EPIPE:
+                raise                         # the reader of stdout stopped (| head): an end
             if exc.filename is None and self.path != "-":
                 exc.filename = self.path      # a write or fsync names no file: name it
             raise CopyOutError(describe_os_error(exc, "cannot write")) from None

@@ -25,7 +25,7 @@ from partq.delivery import queue_holder
 from partq.delivery.lock import LOCK_DIR
 from partq.delivery.peers.owner_channel import query_view
 from partq.delivery.saved_state import doc_to_view
-from partq.errors import QueueNotFound
+from partq.errors import queue_not_found
 from partq.status import QueueStatus
 from partq.status_report import build_queue_status, with_owner_warning
 from partq.storage import Store
@@ -77,7 +77,7 @@ class ReadOnlyBroker(Broker):
         with self.store.read() as r:
             raw = r.queue(queue)
             if raw is None:
-                raise QueueNotFound(f"no queue named {queue!r}")
+                raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
             st = build_queue_status(r, config, view, queue_holder(self.path, config.qid))
         st = with_owner_warning(st, self.path, config.qid, view is None)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from partq.config import QueueConfig
 from partq.core.key_hash import crc32c_of
 from partq.core.partitioners import RandomPartitioner, StickyPartitioner, make_partitioner
-from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound
+from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound, queue_not_found
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.publish.load_sampler import LoadSampler
@@ -98,9 +98,8 @@ class Publisher:
         if config is None:
             with self.store.read() as r:
                 raw = r.queue(queue)
-            if raw is None:
-                raise QueueNotFound(f"no queue named {queue!r}; create it with create_queue "
-                                    f"(or `partq queue create {queue}`)")
+                if raw is None:
+                    raise queue_not_found(queue, r.queues())
             config = self._configs[queue] = QueueConfig.from_dict(raw)
         return config
 
