@@ -13,6 +13,7 @@ import contextlib
 
 import click
 
+from partq.errors import QueueNotFound
 from partq.ops import copy_in as copyin
 from partq.ops import copy_out as copyout
 from partq.ops.copy_targets import FORMATS
@@ -116,9 +117,15 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
                    "first byte.")
 @click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Messages per commit.")
+@click.option("--create", is_flag=True,
+              help="Create QUEUE first if it does not exist (with --partitions; its other "
+                   "settings the defaults, changed later with `partq queue update`).")
+@click.option("--partitions", "-p", type=click.IntRange(1), default=1, show_default=True,
+              help="With --create: the new queue's partition count.")
 @output_options
 @pass_app
-def copy_in(app: App, queue: str, file: str, fmt: str, batch: int, out: Output) -> None:
+def copy_in(app: App, queue: str, file: str, fmt: str, batch: int, create: bool,
+            partitions: int, out: Output) -> None:
     """Publish the messages of FILE, an export `partq copy-out --to-file` wrote, into QUEUE.
 
     FILE - is standard input. Key, headers and payload are as exported; the publish time is
@@ -130,6 +137,14 @@ def copy_in(app: App, queue: str, file: str, fmt: str, batch: int, out: Output) 
     """
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(app.broker())
+        if create:
+            broker.create_queue(queue, partitions=partitions, exist_ok=True)
+        else:
+            try:
+                broker.queue_config(queue)
+            except QueueNotFound as exc:
+                raise UserError(f"{exc}; or pass --create (and --partitions N) to make it "
+                                f"as the copy-in starts") from None
         progress = stack.enter_context(out.progress_callback(f"loading {queue}"))
         stop = stack.enter_context(stop_on_signals())
         report = copyin.copy_in(broker, queue, file, fmt=fmt, batch=batch, progress=progress,

@@ -223,3 +223,29 @@ def test_copy_in_library_call(broker, tmp_path, run, src):
     assert stopped.published == 0 and stopped.complete          # nothing left to stop in
     with pytest.raises(partq.InvalidConfig):
         copy_in(broker, "dst", str(export), batch=0)
+
+
+def test_copy_in_creates_the_queue_when_asked_and_says_how_when_not(tmp_path):
+    import subprocess
+
+    from tools_helpers import PARTQ_SCRIPT
+    data = tmp_path / "data"
+    with partq.Broker.open(data) as broker:
+        broker.create_queue("orders", partitions=2)
+        broker.publish_many("orders", [(b"m%d" % i, f"k{i}") for i in range(10)])
+    export = tmp_path / "orders.jsonl"
+
+    def run(*args):
+        return subprocess.run([PARTQ_SCRIPT, "--data", str(data), *args], capture_output=True,
+                              text=True, timeout=120)
+    assert run("copy-out", "orders", "--to-file", str(export)).returncode == 0
+    missing = run("copy-in", "restored", str(export))
+    assert missing.returncode == 1
+    assert "no queue named 'restored'" in missing.stderr and "--create" in missing.stderr
+    made = run("copy-in", "restored", str(export), "--create", "-p", "4")
+    assert made.returncode == 0, made.stderr
+    with partq.Broker.open(data) as broker:
+        st = broker.queue_status("restored")
+        assert (st.partition_count, st.depth) == (4, 10)
+    again = run("copy-in", "restored", str(export), "--create", "-p", "4")
+    assert again.returncode == 0 and "skipped" in again.stdout
