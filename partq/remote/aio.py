@@ -22,10 +22,13 @@ from partq.status import QueueStatus
 
 
 async def connect(address: str, token: str | bytes | None = None, ssl=None, *,
-                  token_file: str | None = None, timeout: float = 10.0) -> AsyncClient:
-    """``partq.connect`` for asyncio."""
+                  token_file: str | None = None, timeout: float = 10.0,
+                  reconnect_timeout: float = sync_client.RECONNECT_TIMEOUT) -> AsyncClient:
+    """``partq.connect`` for asyncio; the same arguments. ``async for msg in flow`` ends with
+    ``FlowClosed`` once the client gave up reconnecting (``reconnect_timeout``, 300 s)."""
     return AsyncClient(await asyncio.to_thread(sync_client.connect, address, token, ssl,
-                                               token_file=token_file, timeout=timeout))
+                                               token_file=token_file, timeout=timeout,
+                                               reconnect_timeout=reconnect_timeout))
 
 
 class AsyncClient:

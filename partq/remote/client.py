@@ -42,18 +42,27 @@ log = logging.getLogger("partq.client")
 # MiB; only a message larger than that travels alone)
 MAX_FRAME = (1 << 30) + (1 << 20)
 BACKOFF = (0.05, 2.0)
+RECONNECT_TIMEOUT = 300.0    # seconds a client tries to reconnect before it gives up
 
 
 def connect(address: str, token: str | bytes | None = None,
             ssl: ssl_module.SSLContext | bool | None = None, *, token_file: str | None = None,
-            timeout: float = 10.0) -> Client:
+            timeout: float = 10.0, reconnect_timeout: float = RECONNECT_TIMEOUT) -> Client:
     """Connect to ``partq serve`` at ``HOST:PORT``. ``token`` (or ``token_file``) proves this
     client to the server by challenge-response (the token is never sent); ``ssl``: a client
     ``SSLContext`` to speak TLS (the server must have ``--tls-cert``), or True for the system's
     default context (certificates checked against the system's authorities and the host
     name). Raises ``ServerUnavailable``, ``AuthenticationFailed`` or ``ProtocolMismatch`` with
-    what to do, and ``InvalidConfig`` for an ``ssl`` that is neither."""
-    return Client(address, read_token(token, token_file), client_context(ssl), timeout)
+    what to do, and ``InvalidConfig`` for an ``ssl`` that is neither.
+
+    A lost connection is made again with backoff for up to ``reconnect_timeout`` seconds (300
+    by default); then the client gives up: its flows raise ``FlowClosed`` saying so, and its
+    requests ``ServerUnavailable``."""
+    if not reconnect_timeout > 0:
+        raise errors.InvalidConfig(f"reconnect_timeout must be > 0 seconds, not "
+                                   f"{reconnect_timeout!r}")
+    return Client(address, read_token(token, token_file), client_context(ssl), timeout,
+                  reconnect_timeout)
 
 
 def client_context(ssl: ssl_module.SSLContext | bool | None) -> ssl_module.SSLContext | None:
@@ -122,7 +131,8 @@ def _item(item) -> list:
 
 class Client:
     def __init__(self, address: str, token: bytes | None,
-                 ssl_context: ssl_module.SSLContext | None, timeout: float) -> None:
+                 ssl_context: ssl_module.SSLContext | None, timeout: float,
+                 reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
         self.address = address
         self._addr = parse_address(address)
         self._token, self._ssl, self.timeout = token, ssl_context, timeout
@@ -133,6 +143,8 @@ class Client:
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
         self._closed = False
+        self.reconnect_timeout = reconnect_timeout
+        self._gone: str | None = None           # why the client gave up reconnecting
         self._client_id = os.urandom(8).hex()   # the same on every connection of this client
         self._beat = 10.0
         self.max_frame = MAX_FRAME
@@ -236,10 +248,15 @@ class Client:
 
     def _reconnect(self) -> None:
         delay = BACKOFF[0]
+        deadline = time.monotonic() + self.reconnect_timeout
         while not self._closed:
             try:
                 sock = self._open()
             except PartqError as exc:
+                if time.monotonic() >= deadline:
+                    self._give_up(f"could not reach partq serve at {self.address} for "
+                                  f"{self.reconnect_timeout:g} s ({exc}); connect again")
+                    return
                 log.info("reconnecting to %s: %s", self.address, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF[1])
@@ -257,6 +274,15 @@ class Client:
                     endpoint.lost(f"could not bind again after a reconnect: {exc}")
             log.info("reconnected to %s; %d flow(s) bound again", self.address, len(flows))
             return
+
+    def _give_up(self, reason: str) -> None:
+        log.warning("%s", reason)
+        with self._lock:
+            self._gone = reason
+            flows, self._flows = list(self._flows.values()), {}
+            self._connected.notify_all()
+        for endpoint in flows:
+            endpoint.lost(reason)
 
     def request(self, frame: dict, convert=lambda frame: frame) -> RemotePending:
         """Send a request; the returned handle's ``result()`` gives the converted answer."""
@@ -335,6 +361,8 @@ class Client:
         while self._sock is None:
             if self._closed:
                 raise errors.BrokerClosed("the client is closed; connect again")
+            if self._gone is not None:
+                raise ServerUnavailable(self._gone)
             if not self._connected.wait(max(deadline - time.monotonic(), 0)):
                 raise ServerUnavailable(f"no connection to {self.address} for "
                                         f"{self.timeout:g} s")
