@@ -75,8 +75,8 @@ class PeerQueue:
         self.dispatcher.notify()
 
     def _due_reports(self) -> list[dict]:
-        """The unacked counts of flows whose acks committed (or that nacked): a handoff waits
-        for them."""
+        """The unacked counts of flows that received, whose acks committed, or that nacked: a
+        handoff waits for them, and the owner's queue status shows them."""
         with self.lock:
             done = {id(f): f for p, f in self._reports if p is None or p.done()}
             self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
@@ -246,6 +246,9 @@ class PeerQueue:
                 with self.lock:
                     flow.marked_elsewhere(seen)
                 out = flag_redelivered(out, seen)
+        if out:
+            with self.lock:       # the owner shows what this flow holds (queue status)
+                self._reports.append((None, flow))
         return out
 
     def _sync(self, flow: PeerFlow, r) -> Assignment:
