@@ -36,7 +36,9 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     else:
         row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                    parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
-                   flows=len(st.flows), active_flows=sum(1 for f in st.flows if f.active),
+                   # flows bound now: those of a process that left are not consumers
+                   flows=sum(1 for f in st.flows if f.bound),
+                   active_flows=sum(1 for f in st.flows if f.bound and f.active),
                    delivery_owner=st.delivery_owner, error=None, warnings=st.warnings)
     return row
 

@@ -24,3 +24,4 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path, command):
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 0, err
     assert err == b""
+
