@@ -17,6 +17,26 @@ from partq.errors import FlowClosed, InvalidAck, PartqError, ServerUnavailable
 from partq.message import FlowChangeUpdate, Message
 from partq.wire.error_frames import error_from_frame
 
+ACK_CHUNK = 50_000     # acks per request: a server reads at most 131,072 items an array
+
+
+class AllOf:
+    """The acks of one ``ack_many`` sent as several requests: done when all are, raising the
+    first error."""
+
+    __slots__ = ("_handles",)
+
+    def __init__(self, handles: list[RemotePending]) -> None:
+        self._handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self._handles)
+
+    def result(self, timeout: float | None = None):
+        for h in self._handles:
+            h.result(timeout)
+        return None
+
 
 class RemotePending:
     """The answer to a request, once it comes (``Pending``'s interface). A bare lock, not an
@@ -190,13 +210,21 @@ class RemoteEndpoint:
         if self._reason is not None:
             raise fenced_error(self.queue, self, msgs, verb)
 
-    def ack_async(self, msgs: Iterable[Message]) -> RemotePending:
+    def ack_async(self, msgs: Iterable[Message]) -> RemotePending | AllOf:
         msgs = list(msgs)
         self._refuse(msgs, "acked")
-        ids = [[m.partition, m.seq] for m in msgs]
-        acked = {(m.partition, m.seq) for m in msgs}
-        return self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
-                                   lambda frame: self._confirmed(acked))
+        handles = []
+        for start in range(0, max(len(msgs), 1), ACK_CHUNK):   # each request within the
+            chunk = msgs[start:start + ACK_CHUNK]               # server's per-array bound
+            ids = [[m.partition, m.seq] for m in chunk]
+            acked = {(m.partition, m.seq) for m in chunk}
+            handles.append(self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
+                                               self._confirmer(acked)))
+        return handles[0] if len(handles) == 1 else AllOf(handles)
+
+    def _confirmer(self, acked: set[tuple[int, int]]):
+        """The conversion of an ack's answer: ``acked`` are no longer unacked."""
+        return lambda frame: self._confirmed(acked)
 
     def _confirmed(self, acked: set[tuple[int, int]]) -> None:
         """The server made acks of ``acked`` durable (the reading thread; a refusal never gets

@@ -198,3 +198,20 @@ def test_a_named_flow_that_reconnects_replaces_its_own_stale_session(broker):
     finally:
         proxy.close()
         server.close()
+
+
+def test_a_large_ack_many_goes_in_requests_within_the_servers_bound(broker, monkeypatch):
+    from partq.remote import endpoint
+    monkeypatch.setattr(endpoint, "ACK_CHUNK", 100)
+    broker.publish_many("q", [(b"m%d" % i, "k") for i in range(250)])
+    server = Server(broker, "127.0.0.1:0", token=TOKEN)
+    try:
+        with partq.connect(server.address, token=TOKEN) as client:
+            flow = client.bind("q", name="acker")
+            got = drain(flow, ack=False, timeout=0.5, at_least=250)
+            assert len(got) == 250
+            flow.ack_many(got)                              # three requests, one answer
+            assert flow.unacked == 0
+            assert broker.queue_status("q").depth == 0
+    finally:
+        server.close()
