@@ -11,8 +11,10 @@ so open brokers after forking, or use 'spawn'.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
+import time
 import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -30,6 +32,7 @@ from partq.delivery.saved_state import decode_state
 from partq.errors import (
     InvalidConfig,
     OpenedReadOnly,
+    PartqError,
     QueueExists,
     StandbyReadOnly,
     queue_not_found,
@@ -79,6 +82,9 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
+log = logging.getLogger("partq.broker")
+
+RETIRE_CHECK = 0.25   # seconds between looks for online scale-downs that drained
 
 class Broker:
     """A partq directory opened for publishing, consuming and administration.
@@ -100,6 +106,8 @@ class Broker:
         self.clock = clock
         self.publisher = Publisher(store, clock, rng)
         self.dispatcher = Dispatcher(store, clock, auto_tick)
+        self._retire_checked = 0.0
+        self.dispatcher.after_tick = self._finish_retirements
         _open_brokers.add(self)
 
     @classmethod
@@ -386,16 +394,22 @@ class Broker:
             return ack_parent_log(w, config.qid, seqs)
         return self._store.write(op)
 
-    def scale(self, name: str, partitions: int, progress=None, online: bool = False) -> QueueConfig:
+    def scale(self, name: str, partitions: int, progress=None, online: bool = False,
+              wait: bool = True) -> QueueConfig:
         """Change the partition count (rule `scaling`), one step per commit so statuses are visible; see
         ``partq.scaling.change_count``. ``progress(step: str)`` is called after each step. The
         seven-step procedure around it (ingress, drain, DR waits) is ``partq.scaling.run``.
 
         ``online=True`` (rule `online-scaling`) keeps per-key order with ingress on: a message published after
         the switch whose key moved is delivered only once its key's old partition has been
-        acked up to the switch; unkeyed messages and keys that did not move flow at once."""
+        acked up to the switch; unkeyed messages and keys that did not move flow at once.
+        Scaling down online retires the removed partitions: publishes stop going there, they
+        are delivered until drained, then removed; ``wait`` (default) returns once that is done,
+        ``wait=False`` at once (the queue stays ScalingDown until this process or the next that
+        delivers it sees them drained)."""
         self._check_writable()
-        return scaling.change_count(self, name, partitions, scaling_log(name, "", progress), online)
+        return scaling.change_count(self, name, partitions, scaling_log(name, "", progress), online,
+                                    wait=wait)
 
     # ------------------------------------------------------------------ consume
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
@@ -423,8 +437,26 @@ class Broker:
         return Flow(endpoint, queue, name, skip_corrupt)
 
     def tick(self) -> None:
-        """Run every rebalance and handoff timer that is due by the clock."""
+        """Run every rebalance and handoff timer that is due by the clock, and end online
+        scale-downs whose retired partitions drained."""
         self.dispatcher.tick()
+        self._finish_retirements(force=True)
+
+    def _finish_retirements(self, force: bool = False) -> None:
+        """End every online scale-down of a queue this process delivers whose retired partitions
+        drained (at most every ``RETIRE_CHECK`` seconds from the ticker)."""
+        now = time.monotonic()
+        if not force and now - self._retire_checked < RETIRE_CHECK:
+            return
+        self._retire_checked = now
+        try:
+            for config in self.queues():
+                if config.scaling_status == ScalingState.SCALING_DOWN and config.scaling_online \
+                        and self.dispatcher.owns(config.name):
+                    self._check_writable()          # a DR-standby or a read-only open: not ours
+                    scaling.finish_scaling(self, config.name, scaling_log(config.name, ""))
+        except PartqError as exc:                   # the store closing, a standby: next time
+            log.debug("ending online scale-downs: %s", exc)
 
     # ------------------------------------------------------------------ status
     def queue_status(self, queue: str) -> QueueStatus:

@@ -118,8 +118,9 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
 
     --online keeps ingress on: a message published after the change whose key moved to another
     partition is delivered only once its old partition has been acked up to the change, so
-    per-key order holds (`partq queue show` lists what waits). Scaling down online still
-    deletes the removed partitions with what they hold when the count changes.
+    per-key order holds (`partq queue show` lists what waits). Scaling down online loses
+    nothing: the removed partitions take no new publishes, are still delivered, and are removed
+    once every message of theirs is acked; the command waits for that and shows what is left.
     """
     if abort:
         if partitions is not None:

@@ -66,6 +66,7 @@ class Dispatcher:
         self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False
         store.on_commit(self._on_commit)
+        self.after_tick: Callable[[], None] | None = None   # the broker's periodic work
         self._ticker: threading.Thread | None = None
         self._ticker_stop = threading.Event()
         if auto_tick:
@@ -474,6 +475,8 @@ class Dispatcher:
                     seen = version
                     self.notify()
                 self.tick()
+                if self.after_tick is not None:
+                    self.after_tick()
             except PartqError as exc:
                 if self._closed:
                     return

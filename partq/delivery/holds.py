@@ -4,8 +4,9 @@ A partition count change moves keys: after it, key k goes to ``crc32c(k) % new``
 earlier messages sit in ``crc32c(k) % old``. An online scaling (ingress on) records, in the same
 commit that switches the key mapping, each old partition's last sequence: the *cut-over*. Then
 a message published after the cut-over whose key belonged to old partition p (and now lives in
-another partition) is not delivered until p has been acked up to its cut-over sequence, or p was
-removed by a scale-down (its messages are gone, as rule `scaling` says). Keys whose old partition has
+another partition) is not delivered until p has been acked up to its cut-over sequence. A
+partition an online scale-down removes is retired: still delivered, and deleted once drained, so
+its keys wait for it as any other's. Keys whose old partition has
 drained flow at once; unkeyed messages are never held. A held message stops its partition there
 (the partition's order is kept), so the hold is visible as that partition's status.
 
@@ -78,8 +79,8 @@ class Holds:
         """Messages of old partition ``p`` (up to its cut-over) not acked yet; 0 once drained
         or removed."""
         c = self.cutover
-        if p >= c.to_partitions or not self._reader.has_partition(self._qid, p):
-            return 0
+        if not self._reader.has_partition(self._qid, p):
+            return 0                  # retired by a scale-down and removed once drained
         floor = self._reader.ack_state(self._qid, p).floor
         return max(0, c.cut[p] + 1 - floor)
 
@@ -99,13 +100,13 @@ class Holds:
         if q >= c.to_partitions:
             return None
         threshold = c.cut[q] if q < c.from_partitions else -1
-        old_n, removed_from = c.from_partitions, c.to_partitions
+        old_n = c.from_partitions
 
         def blocked(seq: int, key: str | None) -> int | None:
             if key is None or seq <= threshold:
                 return None
             p = crc32c_of(key.encode()) % old_n
-            if p == q or p >= removed_from or self.drained(p):
+            if p == q or self.drained(p):
                 return None
             return p
         return blocked

@@ -3,15 +3,25 @@ parent log of an exclusive one (one core slot), and acks of the parent log nothi
 from __future__ import annotations
 
 from partq.config import QueueConfig
-from partq.states import DeliveryMode
+from partq.states import DeliveryMode, ScalingState
 from partq.storage.encoding import PARENT
 
 
 def delivery_layout(config: QueueConfig) -> tuple[DeliveryMode, list[int]]:
-    """The delivery mode of a config and the storage partition of each core slot."""
+    """The delivery mode of a config and the storage partition of each core slot. While an
+    online scale-down retires partitions, they are still delivered (publishes no longer go
+    there) until they are drained and removed."""
     if config.partitioned:
-        return DeliveryMode.PARTITIONED, list(range(config.partitions))
+        return DeliveryMode.PARTITIONED, list(range(delivered_partitions(config)))
     return DeliveryMode.EXCLUSIVE, [PARENT]
+
+
+def delivered_partitions(config: QueueConfig) -> int:
+    """How many partitions delivery serves: the count, or, while an online scale-down drains
+    the partitions it removes, the count before it."""
+    if config.scaling_status == ScalingState.SCALING_DOWN and config.scaling_online:
+        return max(config.partitions, config.scaling_from)
+    return config.partitions
 
 
 def describe_mode(config: QueueConfig) -> str:

@@ -4,6 +4,7 @@ that statuses are visible to every process, and finished by whichever process ge
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from partq.config import MAX_PARTITIONS, QueueConfig
 from partq.delivery.holds import Holds, clear_cutover, read_cutover, write_cutover
@@ -13,7 +14,7 @@ from partq.storage import crashpoints
 
 
 def change_count(broker, name: str, partitions: int, progress=None,
-                 online: bool = False) -> QueueConfig:
+                 online: bool = False, wait: bool = True) -> QueueConfig:
     """Change the partition count (rule `scaling`), one step per commit so statuses are visible.
 
     ``online`` (rule `online-scaling`): ingress may stay on; the commit that switches the key mapping records
@@ -24,10 +25,14 @@ def change_count(broker, name: str, partitions: int, progress=None,
 
     Up: ScalingUp while partitions old..new-1 are created; the key mapping switches to the new
     count in the commit that ends the scaling, once every new partition exists. Down: the count
-    drops at once (publishes and delivery stop using the extra partitions; ScalingDown), then
-    the highest-numbered partitions are deleted first, with their messages. Either way the
-    delivery owner rebalances at once (no holddown). A scaling cut short by a crash is finished
-    by the next ``Broker.open``. ``progress(step: str)`` is called after each step.
+    drops at once (publishes stop using the extra partitions; ScalingDown). Offline, the
+    highest-numbered partitions are then deleted first, with their messages (the procedure
+    drains them before). Online, nothing published is lost: the removed partitions are retired,
+    still delivered until every message of theirs is acked, and deleted once drained; this call
+    waits for that (``progress`` reports what is left). Either way the delivery owner
+    rebalances at once when the count changes (no holddown). A scaling cut short by a crash is
+    finished by the next ``Broker.open`` (an online scale-down only once drained) or the next
+    ``change_count``. ``progress(step: str)`` is called after each step.
     """
     if isinstance(partitions, bool) or not isinstance(partitions, int) \
             or not 1 <= partitions <= MAX_PARTITIONS:
@@ -38,8 +43,13 @@ def change_count(broker, name: str, partitions: int, progress=None,
         raise InvalidConfig(f"queue {name!r} is exclusive (non-partitioned); make it "
                             f"partitioned with access_type='non-exclusive' to scale it")
     if config.scaling_status != ScalingState.READY:
-        finish_scaling(broker, name, progress)
+        finish_scaling(broker, name, progress, wait=wait)
         config = broker.queue_config(name)
+        if config.scaling_status != ScalingState.READY:
+            raise InvalidConfig(
+                f"queue {name!r} is still retiring partitions {config.scaling_to}.."
+                f"{config.scaling_from - 1} of an online scale-down (see `partq queue show "
+                f"{name}`); scale again once they drained")
     old = config.partitions
     if partitions == old:
         return config
@@ -70,7 +80,7 @@ def change_count(broker, name: str, partitions: int, progress=None,
         crashpoints.hit("after_cutover")     # a scale-down switches the mapping in its start
     if progress:
         progress(f"{'ScalingUp' if up else 'ScalingDown'} {old} -> {partitions}")
-    return finish_scaling(broker, name, progress)
+    return finish_scaling(broker, name, progress, wait=wait)
 
 
 def switch_mapping(w, qid: int, old: int, new: int, online: bool, time_ns: int) -> None:
@@ -82,11 +92,15 @@ def switch_mapping(w, qid: int, old: int, new: int, online: bool, time_ns: int) 
         clear_cutover(w, qid)
 
 
-def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
+def finish_scaling(broker, name: str, progress=None, wait: bool = False) -> QueueConfig:
     """Carry a scaling in progress to its end. Several processes may do this at once (the scaler
     and any process that opens meanwhile), so every step re-checks, in its own transaction, that
     the queue is still in this same scaling, and a partition is created only if it has no state
-    yet: a slower finisher must never reset a partition that has already taken publishes."""
+    yet: a slower finisher must never reset a partition that has already taken publishes.
+
+    An online scale-down deletes a retired partition only once it is drained, in the
+    transaction that checks it: with ``wait`` it waits for consumers to drain them (ticking the
+    broker), without it leaves the scaling as it is when one still holds messages."""
     store, config_in = broker.store, broker.publisher.config_in
     config = broker.queue_config(name)
     qid, old, new = config.qid, config.scaling_from, config.scaling_to
@@ -111,6 +125,8 @@ def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
             if progress:
                 progress(f"created partition {p}")
         done = {"partitions": new}
+    elif config.scaling_status == ScalingState.SCALING_DOWN and config.scaling_online:
+        return retire(broker, name, scaling, progress, wait)
     elif config.scaling_status == ScalingState.SCALING_DOWN:
         broker.tick()  # a local delivery owner stops using the extra partitions first
         for p in reversed(range(new, old)):
@@ -140,4 +156,61 @@ def finish_scaling(broker, name: str, progress=None) -> QueueConfig:
     broker.tick()
     if progress:
         progress(f"Ready with {final.partitions} partitions")
+    return final
+
+
+DRAIN_POLL = 0.05        # seconds between looks at the retired partitions' backlog
+DRAIN_REPORT = 5.0       # seconds between progress lines while they drain
+
+
+def retire(broker, name: str, scaling: tuple, progress, wait: bool) -> QueueConfig:
+    """End an online scale-down: once every retired partition is drained (each message acked),
+    delete them and make the queue Ready in one transaction, which checks again that they are
+    drained, so nothing published or unacked goes with them and delivery never sees a retired
+    partition without its log. Without ``wait``, a scale-down still draining is left as it is."""
+    store, config_in = broker.store, broker.publisher.config_in
+    _, old, new = scaling
+    config = broker.queue_config(name)
+    qid = config.qid
+
+    def left(r) -> dict[int, int]:
+        return {p: r.ack_state(qid, p).backlog(r.head(qid, p)) for p in range(new, old)
+                if r.has_partition(qid, p)}
+
+    def finish(w):
+        c = config_in(w, name)
+        if (c.scaling_status, c.scaling_from, c.scaling_to) != scaling:
+            return c                 # another process finished this scaling
+        if any(left(w).values()):
+            return None
+        for p in reversed(range(new, old)):
+            w.drop_partition(qid, p)
+        c = dataclasses.replace(c, scaling_status=ScalingState.READY, scaling_from=0,
+                                scaling_to=0, scaling_online=False)
+        w.put_queue(name, c.to_dict())
+        return c
+    reported = 0.0
+    while True:
+        with store.read() as r:
+            waiting = {p: n for p, n in left(r).items() if n}
+        if not waiting:
+            final = store.write(finish)
+            if final is not None:
+                break
+        if not wait:
+            return config
+        now = time.monotonic()
+        if progress and waiting and now - reported >= DRAIN_REPORT:
+            progress("retiring partitions: " + ", ".join(
+                f"{p} has {n} message(s) to be acked first" for p, n in sorted(waiting.items())))
+            reported = now
+        broker.tick()
+        time.sleep(DRAIN_POLL)
+    if crashpoints.ENABLED:
+        crashpoints.hit("during_scaling")
+    broker.publisher.forget(name)
+    broker.tick()
+    if progress:
+        progress(f"retired partitions {new}..{old - 1}: drained and removed; Ready with "
+                 f"{final.partitions} partitions")
     return final

@@ -4,8 +4,10 @@ edges around it (restart, a second scaling, scale-down, unkeyed messages, status
 The random walk over all of it is ``test_online_scaling_machine``."""
 from __future__ import annotations
 
+import threading
+
 import pytest
-from helpers import drain
+from helpers import drain, wait_until
 
 from partq import key_partition
 from partq.errors import InvalidConfig
@@ -97,9 +99,11 @@ def test_an_offline_scaling_drops_the_holds(open_broker, clock):
     assert broker.queue_status("q").cutover is None
 
 
-def test_online_scale_down_drops_removed_partitions_and_holds_the_rest(open_broker, clock):
-    """6 -> 4: keys of removed partitions lost their old messages (the seed) and flow at once;
-    a key moving between kept partitions waits for its old one."""
+def test_online_scale_down_retires_removed_partitions_and_loses_nothing(open_broker, clock):
+    """6 -> 4: the removed partitions are retired, not deleted: publishes stop going there, they
+    are still delivered, and they go once drained (the scale waits for that). Every key keeps
+    its order: a key of a removed partition, and one moving between kept partitions, each wait
+    for their old partition."""
     keys = [f"k{i}" for i in range(60)]
     from_removed = next(k for k in keys if key_partition(k, 6) >= 4)
     between_kept = next(k for k in keys
@@ -109,12 +113,28 @@ def test_online_scale_down_drops_removed_partitions_and_holds_the_rest(open_brok
     flow = broker.bind("q", name="c")
     broker.publish_many("q", [(b"r-old", from_removed), (b"m-old", between_kept)])
     old = flow.receive(10)
-    broker.scale("q", 4, online=True)
-    assert broker.queue_status("q").depth == 1           # r-old went with its partition
+    assert sorted(m.payload for m in old) == [b"m-old", b"r-old"]
+    scaled: list = []
+    scaler = threading.Thread(target=lambda: scaled.append(broker.scale("q", 4, online=True)))
+    scaler.start()
+    wait_until(lambda: broker.queue_config("q").partitions == 4, 30, "the mapping switched")
+    st = broker.queue_status("q")
+    assert (st.scaling_status, st.depth) == ("ScalingDown", 2)   # nothing went with them
     broker.publish_many("q", [(b"r-new", from_removed), (b"m-new", between_kept)])
-    assert [m.payload for m in flow.receive(10)] == [b"r-new"]
+    assert {r.partition for r in broker.publish_many("q", [(b"x", k) for k in keys])} <= set(range(4))
+    early = flow.receive(100)
+    assert all(m.key not in (from_removed, between_kept) for m in early)
+    flow.ack_many([m for m in old if m.key == from_removed])
+    wait_until(lambda: scaled, 30, "the scale-down to end once the retired partitions drained")
+    assert scaled[0].partitions == 4 and broker.queue_status("q").scaling_status == "Ready"
+    got = drain(flow, ack=False, timeout=0.1)
+    assert [m.payload for m in got if m.key == from_removed][:1] == [b"r-new"]
+    assert [m for m in got if m.key == between_kept] == []          # still waits for m-old
     flow.ack_many([m for m in old if m.key == between_kept])
-    assert [m.payload for m in flow.receive(10)] == [b"m-new"]
+    got += drain(flow, ack=False, timeout=0.1)
+    assert [m.payload for m in got if m.key == from_removed] == [b"r-new", b"x"]
+    assert [m.payload for m in got if m.key == between_kept] == [b"m-new", b"x"]
+    assert len(early) + len(got) == 2 + len(keys)                   # nothing lost
 
 
 def test_a_hold_stops_its_partition_in_order(open_broker, clock):
