@@ -34,8 +34,6 @@ Liveness (rule `liveness`): a session that closes unbinds its flows at once; one
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import queue as queue_module
 import socket
@@ -44,15 +42,14 @@ import threading
 
 from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
 from partq.jobs.staging import SPARK_OPS, spark_request
-from partq.message import Message
+from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
+from partq.remote.pump import Pump
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
 
 log = logging.getLogger("partq.server")
 
-PUSH_BATCH = 500          # messages per deliver frame at most
-PUSH_BYTES = 4 << 20      # payload and key bytes per deliver frame (one larger message goes alone)
 IDLE_WAIT = 1.0           # seconds the pump thread sleeps at most when nothing changed
 MAX_ITEMS = 1 << 17       # items of any one array or map of a request, checked as it is decoded
 
@@ -333,150 +330,3 @@ class Session:
                 self.send(frame)
             except OSError:
                 return
-
-
-class Pump:
-    """One flow's pushes to its client: messages, partition changes and events. It has no
-    thread: the session's pump thread serves every flow of the connection in turn
-    (``serve``), and sleeps on the dispatcher's changes when none had anything."""
-
-    def __init__(self, session: Session, flow, consumer_timeout: float) -> None:
-        self.session = session
-        self.flow = flow
-        self.consumer_timeout = consumer_timeout
-        self._nacks: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._sent = 0
-        self._partitions = flow.partitions
-        self._batch = 1             # per receive, from the sizes seen: what one receive holds
-                                    # stays near PUSH_BYTES (one at first: sizes unknown)
-        self._held: list[list[Message]] = []     # received, not pushed yet: the client is slow
-        self.stopped = False
-
-    def message(self, partition: int, seq: int) -> Message:
-        """A message as ack and nack need it (queue, partition, seq)."""
-        return Message(self.flow.queue, int(partition), int(seq), None, b"", None, 0, False)
-
-    def nack(self, req, partition: int, seq: int) -> None:
-        """Queue a nack for the pump thread, which applies it between two deliver frames."""
-        self._nacks.put((req, self.message(partition, seq)))
-
-    def detach(self) -> None:
-        """Drop what the pump holds of its session once the session ended."""
-        self._held = []
-        self.session = None  # type: ignore[assignment]
-
-    def stop(self, unbind: bool) -> None:
-        self.stopped = True
-        if unbind:
-            try:
-                self.flow.unbind()
-            except PartqError:
-                pass
-
-    def _push_held(self) -> bool:
-        """Push held deliver frames while the client has room; True when none are left."""
-        session = self.session
-        while self._held:
-            if session.pending_bytes() >= session.limits.max_push_bytes:
-                return False
-            batch = self._held.pop(0)
-            self._sent += 1
-            session.send({"op": "deliver", "flow": self.flow.flow_id, "n": self._sent,
-                          "messages": [[m.partition, m.seq, m.key, m.payload, m.headers,
-                                        m.publish_time_ns, m.redelivered] for m in batch]})
-        return True
-
-    def serve(self) -> bool:
-        """Apply queued nacks, push what the flow has now (without waiting), its events and a
-        change of its partitions. True if it pushed messages (there may be more)."""
-        flow, session, fid = self.flow, self.session, self.flow.flow_id
-        if self._held and not self._push_held():
-            return False        # frames received before a nack go out before it takes effect
-        while not self._nacks.empty():
-            req, msg = self._nacks.get()
-            try:
-                flow.nack(msg)
-                session.send({"op": "ok", "req": req, "upto": self._sent})
-            except PartqError as exc:
-                session.send(error_frame(exc, req=req))
-        try:
-            msgs = flow.receive(self._batch, timeout=0)
-        except FlowClosed as exc:
-            self.stopped = True
-            if not session.closed.is_set():
-                session.send({"op": "closed", "flow": fid,
-                              "reason": flow.closed_reason or str(exc)})
-            return False
-        except PartqError as exc:      # a corrupt record: the client raises it
-            session.send(error_frame(exc, req=None, flow=fid))
-            return True
-        if msgs:
-            size = sum(message_bytes(m) for m in msgs) // len(msgs)
-            self._batch = max(1, min(PUSH_BATCH, PUSH_BYTES // max(size, 1)))
-            self._held = byte_batches(msgs, PUSH_BYTES)
-            self._push_held()
-        for update in flow.events():
-            session.send({"op": "event", "flow": fid, "active": update.active,
-                          "partitions": sorted(update.partitions)})
-        now = flow.partitions
-        if now != self._partitions:
-            self._partitions = now
-            session.send({"op": "state", "flow": fid, "partitions": sorted(now)})
-        return bool(msgs)
-
-
-def byte_batches(msgs: list[Message], limit: int) -> list[list[Message]]:
-    """``msgs`` in order, cut into batches of at most ``limit`` bytes of payload, key and
-    headers (a message larger than that goes alone): a deliver frame stays far below what a
-    client reads, whatever the queue's max_message_size."""
-    batches: list[list[Message]] = []
-    size = limit
-    for m in msgs:
-        n = message_bytes(m)
-        if size + n > limit and (not batches or batches[-1]):
-            batches.append([])
-            size = 0
-        batches[-1].append(m)
-        size += n
-    return batches
-
-
-def message_bytes(m: Message) -> int:
-    """About the bytes of a message's payload, key and headers in a deliver frame (a header
-    value that is not text or bytes counted as 8)."""
-    return len(m.payload) + len(m.key or "") + sum(
-        len(k) + (len(v) if isinstance(v, (bytes, str)) else 8)
-        for k, v in (m.headers or {}).items())
-
-
-def _libc():
-    try:
-        name = ctypes.util.find_library("c")
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
-_MALLOPT = getattr(_LIBC, "mallopt", None)
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 256 << 10
-
-
-def keep_large_blocks_apart() -> None:
-    """Serve large blocks (frames, payloads) from their own mappings, returned to the system
-    when freed. glibc raises its threshold for that after the first large block is freed, so
-    later ones (a 14 MiB frame, 4 MiB deliveries) land in the heap between small live objects
-    and stay there: the server's memory would only grow under large frames. A fixed threshold
-    turns that off."""
-    if _MALLOPT is not None:
-        _MALLOPT(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-def give_back_freed_memory() -> None:
-    """After a connection ends: hand the C allocator's freed memory back to the system.
-    Payloads of many threads leave freed blocks in glibc's per-thread arenas, which it keeps
-    otherwise (a consumer's large messages would keep the server's RSS up after it left)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)

@@ -64,9 +64,9 @@ class Attacks:
                      "giant_dropped": 0, "flows_refused": 0, "hoarder_bound": 0}
 
     def all_seen(self) -> bool:
-        """Every attack under way: the unread one has sent a thousand requests (the server
-        stops reading it after about ten thousand status answers, 4 MiB)."""
-        return self.seen["unread_sent"] >= 1000 and all(
+        """Every attack under way: the unread one has sent 300 requests (the server stops
+        reading it after about ten thousand status answers, 4 MiB)."""
+        return self.seen["unread_sent"] >= 300 and all(
             n for k, n in self.seen.items() if k != "unread_blocked")
 
     def start(self) -> None:
