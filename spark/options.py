@@ -81,10 +81,12 @@ def where(options) -> Where:
                       tls_key_file=tls_files["tlsKeyFile"])
         found.ssl_context()        # a wrong file fails here, on the driver, with one line
         return found
-    if options.get("token") or options.get("tokenFile") or options.get("tls") \
-            or any(tls_files.values()):
-        raise InvalidConfig("options token and tls* go with option address (partq serve); a "
-                            "directory given by path needs none")
+    if options.get("token") or options.get("tokenFile"):
+        raise InvalidConfig("option token goes with option address (partq serve); a directory "
+                            "given by path needs none")
+    if options.get("tls") or any(tls_files.values()):
+        raise InvalidConfig("options tls, tlsCaFile, tlsCertFile and tlsKeyFile go with option "
+                            "address (partq serve); a directory given by path needs none")
     if not path:
         raise InvalidConfig("option path is missing: .option('path', '/dir/of/partq/store'), or "
                             ".option('address', 'HOST:PORT') to go through partq serve")

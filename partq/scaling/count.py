@@ -194,6 +194,9 @@ def retire(broker, name: str, scaling: tuple, progress, wait: bool) -> QueueConf
         with store.read() as r:
             waiting = {p: n for p, n in left(r).items() if n}
         if not waiting:
+            if crashpoints.ENABLED:            # drained, not yet removed: one point for each
+                for _ in range(new, old):
+                    crashpoints.hit("during_scaling")
             final = store.write(finish)
             if final is not None:
                 break
@@ -207,7 +210,7 @@ def retire(broker, name: str, scaling: tuple, progress, wait: bool) -> QueueConf
         broker.tick()
         time.sleep(DRAIN_POLL)
     if crashpoints.ENABLED:
-        crashpoints.hit("during_scaling")
+        crashpoints.hit("after_cutover")       # removed and Ready, before anyone is told
     broker.publisher.forget(name)
     broker.tick()
     if progress:

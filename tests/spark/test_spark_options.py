@@ -11,7 +11,7 @@ TOKEN = "a-spark-test-token-of-32-bytes!!"
 
 
 def test_tls_options_need_an_address_and_both_halves_of_a_client_certificate(tmp_path):
-    with pytest.raises(partq.InvalidConfig, match="go with option address"):
+    with pytest.raises(partq.InvalidConfig, match="tlsKeyFile go with option address"):
         where({"queue": "q", "path": str(tmp_path), "tls": "true"})
     with pytest.raises(partq.InvalidConfig, match="both tlsCertFile and tlsKeyFile"):
         where({"queue": "q", "address": "127.0.0.1:1", "token": TOKEN, "tls": "true",
