@@ -443,19 +443,16 @@ class Broker:
         self._finish_retirements(force=True)
 
     def _finish_retirements(self, force: bool = False) -> None:
-        """End every online scale-down of a queue this process delivers whose retired partitions
-        drained (at most every ``RETIRE_CHECK`` seconds from the ticker)."""
+        """End the online scale-downs this process delivers whose retired partitions drained,
+        at most every ``RETIRE_CHECK`` seconds unless ``force``d (the ticker calls this)."""
         now = time.monotonic()
         if not force and now - self._retire_checked < RETIRE_CHECK:
             return
         self._retire_checked = now
         try:
-            for config in self.queues():
-                if config.scaling_status == ScalingState.SCALING_DOWN and config.scaling_online \
-                        and self.dispatcher.owns(config.name):
-                    self._check_writable()          # a DR-standby or a read-only open: not ours
-                    scaling.finish_scaling(self, config.name, scaling_log(config.name, ""))
-        except PartqError as exc:                   # the store closing, a standby: next time
+            # a DR-standby or a read-only open only looks: not its to end
+            scaling.finish_retirements(self, before=self._check_writable)
+        except PartqError as exc:                   # the store closing: next time
             log.debug("ending online scale-downs: %s", exc)
 
     # ------------------------------------------------------------------ status

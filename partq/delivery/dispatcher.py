@@ -289,9 +289,7 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         looked_at = None     # (generation, store version) when the logs last had nothing
         while True:
-            with self._changed:
-                generation = self._generation
-            now_seen = (generation, self.store.version())
+            now_seen = self.change_token()
             if now_seen != looked_at or self._timer_due():
                 self.polls += 1
                 msgs = collect(max_messages)
@@ -301,11 +299,7 @@ class Dispatcher:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            if self._ticker is None:     # nobody else watches the store: look every poll
-                remaining = min(remaining, POLL_INTERVAL)
-            with self._changed:
-                if self._generation == generation:
-                    self._changed.wait(remaining)
+            self.wait_for_change(now_seen, remaining)
 
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
@@ -397,9 +391,10 @@ class Dispatcher:
 
     def wait_for_change(self, token: tuple[int, int], timeout: float) -> None:
         """Sleep until something may have made a message deliverable since ``token`` was taken
-        (as ``wait_for_messages`` sleeps between collects): a commit or a change of delivery
-        state of this process, ``notify()``, another process's commit, a due timer; or until
-        ``timeout`` seconds passed. For a caller that serves many flows from one thread."""
+        (``wait_for_messages`` sleeps here between collects; so does a caller that serves many
+        flows from one thread): a commit or a change of delivery state of this process,
+        ``notify()``, another process's commit, a due timer; or until ``timeout`` seconds
+        passed."""
         deadline = time.monotonic() + timeout
         while self.change_token() == token and not self._timer_due():
             remaining = deadline - time.monotonic()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from partq.config import MAX_PARTITIONS, QueueConfig
 from partq.delivery.holds import Holds, clear_cutover, read_cutover, write_cutover
 from partq.errors import InvalidConfig
+from partq.scaling.progress_log import scaling_log as progress_log
 from partq.states import ScalingState
 from partq.storage import crashpoints
 
@@ -163,6 +165,17 @@ DRAIN_POLL = 0.05        # seconds between looks at the retired partitions' back
 DRAIN_REPORT = 5.0       # seconds between progress lines while they drain
 
 
+def finish_retirements(broker, before: Callable[[], None]) -> None:
+    """End every online scale-down of a queue ``broker``'s process delivers whose retired
+    partitions drained (without waiting for the others); ``before()`` runs first for each, and
+    may raise to refuse."""
+    for config in broker.queues():
+        if config.scaling_status == ScalingState.SCALING_DOWN and config.scaling_online \
+                and broker.dispatcher.owns(config.name):
+            before()
+            finish_scaling(broker, config.name, progress_log(config.name, ""))
+
+
 def retire(broker, name: str, scaling: tuple, progress, wait: bool) -> QueueConfig:
     """End an online scale-down: once every retired partition is drained (each message acked),
     delete them and make the queue Ready in one transaction, which checks again that they are
@@ -207,7 +220,7 @@ def retire(broker, name: str, scaling: tuple, progress, wait: bool) -> QueueConf
             progress("retiring partitions: " + ", ".join(
                 f"{p} has {n} message(s) to be acked first" for p, n in sorted(waiting.items())))
             reported = now
-        broker.tick()
+        broker.dispatcher.tick()
         time.sleep(DRAIN_POLL)
     if crashpoints.ENABLED:
         crashpoints.hit("after_cutover")       # removed and Ready, before anyone is told
