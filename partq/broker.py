@@ -299,23 +299,25 @@ class Broker:
 
     # ------------------------------------------------------------------ publish
     def publish(self, queue: str, payload: bytes, key: str | None = None,
-                headers: dict | None = None) -> PublishResult:
+                headers: dict | None = None, ttl: float | None = None) -> PublishResult:
         """Publish one message; return once it is durable (rule `durable-publish`). Concurrent
         publishers in this process share commits. A keyed message goes to
-        ``crc32c(key) % partitions`` (rule `key-hash`)."""
-        return self.publish_async(queue, payload, key, headers).result()
+        ``crc32c(key) % partitions`` (rule `key-hash`). ``ttl``: seconds after which the message
+        expires (is never delivered, and goes to the dead message queue: rule `expiry`);
+        None or 0 for none (the queue's ``max_ttl`` still applies)."""
+        return self.publish_async(queue, payload, key, headers, ttl).result()
 
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
-                      headers: dict | None = None) -> Pending:
+                      headers: dict | None = None, ttl: float | None = None) -> Pending:
         """``publish`` without waiting for the commit: bad input raises here, and the returned
         ``Pending.result()`` gives the ``PublishResult`` once the message is durable (or raises
         what the commit raised). One thread can keep many publishes in flight this way; they
         share commits like concurrent publishers do, and land in the order they were made."""
         self._check_writable()
-        return self.publisher.publish_async(queue, payload, key, headers)
+        return self.publisher.publish_async(queue, payload, key, headers, ttl)
 
-    def publish_many(self, queue: str, items: Iterable,
-                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
+    def publish_many(self, queue: str, items: Iterable, checkpoint: tuple[str, int] | None = None,
+                     ttl: float | None = None) -> list[PublishResult]:
         """Publish a batch in one transaction: all of it is durable when this returns, or none of
         it is stored. Items are ``payload``, ``(payload, key)`` or ``(payload, key, headers)``.
 
@@ -323,16 +325,17 @@ class Broker:
         in the same transaction, and a batch whose position is not beyond the stored one is
         skipped (returns ``[]``). Read it back with ``checkpoint(queue, name)``. A checkpoint
         belongs to the queue it was published into: deleting the queue deletes it, and a queue
-        created again under the same name starts with none.
+        created again under the same name starts with none. ``ttl``: as ``publish``'s, for every
+        item.
         """
         self._check_writable()
-        return self.publisher.publish_many(queue, items, checkpoint)
+        return self.publisher.publish_many(queue, items, checkpoint, ttl)
 
-    def publish_many_async(self, queue: str, items: Iterable) -> Pending:
+    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None) -> Pending:
         """``publish_many`` without waiting for the commit: bad input raises here, and the
         returned ``Pending.result()`` gives the results once the whole batch is durable."""
         self._check_writable()
-        return self.publisher.publish_many_async(queue, items)
+        return self.publisher.publish_many_async(queue, items, ttl)
 
     def publish_each_async(self, queue: str, items: list) -> Pending:
         """Independent publishes in one transaction (each item's result or its own
@@ -505,6 +508,7 @@ class Broker:
             return    # a forked child: the parent's locks, threads and environment are not ours
         if self._metrics is not None:
             self._metrics.close()
+        self.dispatcher.settle()      # a commit DR-standbys still connected receive
         self._role.close()
         self.dispatcher.close("the broker was closed")
         self._store.close()

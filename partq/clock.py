@@ -4,6 +4,8 @@ from __future__ import annotations
 import threading
 import time
 
+MAX_SECONDS = 10 * 365 * 86400.0    # the longest delay or interval partq accepts: ten years
+
 
 class SystemClock:
     """Monotonic seconds for timers; wall time in nanoseconds for publish timestamps."""

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from partq.clock import MAX_SECONDS
 from partq.errors import InvalidConfig
 from partq.states import AccessType, Partitioner, ScalingState
 
@@ -14,6 +15,9 @@ ACCESS_TYPES = tuple(a.value for a in AccessType)
 SCALING_STATES = tuple(s.value for s in ScalingState)
 MAX_PARTITIONS = 1 << 16
 DEFAULT_CONSUMER_TIMEOUT = 10.0
+# A TTL must keep publish time + TTL inside the unsigned 64-bit nanosecond range a record holds
+# (until the year 2554); a century is far below that and far above any use.
+MAX_TTL = 100 * 365 * 86400.0
 # ASCII only, and \Z, not $: "$" also matches before a trailing newline ("orders\n")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}\Z")
 
@@ -47,6 +51,19 @@ class QueueConfig:
     # Kafka's 45 s session timeout leaves partitions idle four times longer. Heartbeats go every
     # quarter of it, so a busy host must stall for the whole timeout to lose its flows.
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    # The message lifecycle (rules `delivery-count` to `max-poll-interval`): when a message that cannot be
+    # processed stops coming back, and where it goes.
+    max_redelivery: int = 0               # deliveries after the first; 0: redeliver forever
+    dead_message_queue: str = ""          # queue of this directory that receives dead messages
+    redelivery_delay: float = 0.0         # seconds before the first redelivery after a nack
+    redelivery_delay_multiplier: float = 2.0
+    redelivery_delay_max: float = 64.0
+    max_ttl: float = 0.0                  # every message expires this long after its publish
+    max_depth: int = 0                    # quota: messages published and not acked (0: none)
+    max_bytes: int = 0                    # quota: bytes of the queue's stored log (0: none)
+    # A flow holding unacked messages that has not called receive, ack or nack for this long is
+    # unbound (a hung handler); 0 disables. Kafka's name and default.
+    max_poll_interval: float = 300.0
     # Maintained by the broker, not set by users:
     qid: int = 0
     scaling_status: str = ScalingState.READY     # rule `scaling`
@@ -68,10 +85,24 @@ class QueueConfig:
                 or not math.isfinite(self.consumer_timeout) or not 0.1 <= self.consumer_timeout <= 3600:
             raise InvalidConfig(f"consumer_timeout must be a number of seconds from 0.1 to 3600, "
                                 f"not {self.consumer_timeout!r}")
-        for f in ("rebalance_delay", "max_handoff_time", "partition_availability_timeout"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise InvalidConfig(f"{f} must be a number of seconds >= 0, not {v!r}")
+        for f in ("rebalance_delay", "max_handoff_time", "partition_availability_timeout",
+                  "redelivery_delay", "redelivery_delay_max", "max_poll_interval"):
+            _check_seconds(f, getattr(self, f), MAX_SECONDS)
+        _check_seconds("max_ttl", self.max_ttl, MAX_TTL)
+        _check_int("max_redelivery", self.max_redelivery, 0, 1 << 31)
+        _check_int("max_depth", self.max_depth, 0, 1 << 62)
+        _check_int("max_bytes", self.max_bytes, 0, 1 << 62)
+        m = self.redelivery_delay_multiplier
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) \
+                or not 1 <= m <= 100:
+            raise InvalidConfig(f"redelivery_delay_multiplier must be a number from 1 to 100, "
+                                f"not {m!r}")
+        dmq = self.dead_message_queue
+        if not isinstance(dmq, str) or (dmq and not _NAME.match(dmq)):
+            raise InvalidConfig(f"dead_message_queue must be a queue name (1 to 200 ASCII "
+                                f"letters, digits and . _ - /) or empty, not {dmq!r}")
+        if dmq == self.name:
+            raise InvalidConfig(f"queue {self.name!r} cannot be its own dead message queue")
         if self.access_type not in ACCESS_TYPES:
             raise InvalidConfig(f"access_type must be one of {ACCESS_TYPES}, not {self.access_type!r}")
         if self.partitioner not in PARTITIONERS:
@@ -113,6 +144,25 @@ class QueueConfig:
 
 USER_SETTABLE = frozenset(f.name for f in dataclasses.fields(QueueConfig)) - {
     "name", "partitions", "qid", "scaling_status", "scaling_from", "scaling_to", "scaling_online"}
+
+
+def _check_seconds(field: str, value, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= high:
+        raise InvalidConfig(f"{field} must be a number of seconds from 0 to {high:g}, not {value!r}")
+
+
+def redelivery_wait(config: QueueConfig, failures: int) -> float:
+    """Seconds before the ``failures``-th redelivery after a nack (rule `retry-delay`):
+    ``min(redelivery_delay * multiplier**(failures - 1), redelivery_delay_max)``; 0 at once."""
+    if config.redelivery_delay <= 0 or failures < 1:
+        return 0.0
+    exponent = min(failures - 1, 1000)
+    try:
+        delay = config.redelivery_delay * config.redelivery_delay_multiplier ** exponent
+    except OverflowError:
+        delay = math.inf
+    return min(delay, config.redelivery_delay_max)
 
 
 def _check_int(field: str, value, low: int, high: int) -> None:

@@ -39,7 +39,7 @@ __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStor
            "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable", "PeerRefused",
            "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError", "InvalidAck",
            "LockHeld", "OwnerLost", "FrameError", "HandshakeFailed", "JobFinished", "JobAborted",
-           "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy"]
+           "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy", "QueueFull"]
 
 
 class QueueNotFound(PartqError):
@@ -61,6 +61,31 @@ class InvalidMessage(PartqError, TypeError):
 
 class IngressDisabled(PartqError):
     """The queue rejects publishes (ingress disabled with reject_msg_to_sender on)."""
+
+
+class QueueFull(PartqError):
+    """A publish (a whole ``publish_many``) would take the queue past a quota, ``max_depth``
+    (messages published and not acked) or ``max_bytes`` (bytes of its stored log), and the queue
+    rejects rather than discards (``reject_msg_to_sender``): nothing of it was stored (rule
+    `quota`). ``limit`` names the quota ("max_depth" or "max_bytes"), ``limit_value`` is its
+    setting and ``now`` the queue's depth, or stored bytes, when the publish was refused."""
+
+    def __init__(self, queue: str, limit: str, limit_value: int, now: int) -> None:
+        self.queue, self.limit, self.limit_value, self.now = queue, limit, limit_value, now
+        if limit == "max_depth":
+            what = f"{now} messages published and not acked"
+            hint = "ack messages"
+        else:
+            what = f"{now} bytes stored"
+            hint = "ack messages (acked ones leave the log)"
+        option = "--" + limit.replace("_", "-")
+        super().__init__(f"queue {queue!r} is full: {limit}={limit_value} reached ({what}); "
+                         f"{hint}, or raise the quota with `partq queue update {queue} "
+                         f"{option} N`")
+
+    def to_frame(self) -> dict:
+        return {**super().to_frame(), "queue": self.queue, "limit": self.limit,
+                "limit_value": self.limit_value, "now": self.now}
 
 
 class DeliveryLocked(PartqError):

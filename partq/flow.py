@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+from partq.clock import MAX_SECONDS
 from partq.errors import InvalidConfig
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending, WriteHandle
@@ -94,11 +95,18 @@ class FlowEndpoint(Protocol):
         """Ack every message of ``partition`` up to ``seq``, delivered or not; a handle like
         ``ack_async``'s. Raises ``FlowFenced`` when the flow does not hold ``partition``."""
 
-    def nack(self, msg: Message) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> None:
         """Give ``msg`` back: it and every later unacked message of its partition are delivered
-        again, in order, marked redelivered (rule `partition-order`). A message not in flight
-        to this flow is ignored. Returns once the next receive would see it. Raises
-        ``FlowFenced``, ``InvalidAck``."""
+        again, in order, marked redelivered (rule `partition-order`); only ``msg``'s delivery
+        count grows. Its partition waits ``delay`` seconds first (None: the queue's redelivery
+        delay rule; ``Flow.nack`` checked it). A message not in flight to this flow is ignored.
+        Returns once the delivery count is durable. Raises ``FlowFenced``, ``InvalidAck``."""
+
+    def reject(self, msg: Message) -> None:
+        """``msg`` is dead at once: removed from the queue and appended to its dead message
+        queue in one commit (rule `dead-messages`); the rest of its partition flows on. A message
+        not in flight to this flow is ignored. Durable when it returns. Raises ``FlowFenced``,
+        ``InvalidAck``."""
 
     def unbind(self) -> None:
         """Leave the queue: ``closed()`` turns True, ``partitions()`` empty, ``unacked()`` 0,
@@ -123,6 +131,33 @@ class FlowEndpoint(Protocol):
 
     def on_change(self, callback: Callable[[FlowChangeUpdate], None] | None) -> None:
         """Call ``callback(update)`` on every later FlowChangeUpdate (None: stop)."""
+
+
+class PollWatch:
+    """When a flow's application last called receive, ack, nack or reject, for the rule
+    `max-poll-interval`: a flow that holds unacked messages and made no such call for that long
+    has a handler that hangs, and is unbound so that its messages go to other consumers. A
+    receive that is waiting counts as a call for as long as it waits. Each endpoint keeps one
+    and checks it from its own background thread (the owner's ticker, a peer's control link, a
+    client's heartbeat)."""
+
+    __slots__ = ("last", "receiving")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.receiving = 0
+
+    def touch(self, now: float) -> None:
+        self.last = now
+
+    def hung(self, now: float, interval: float, unacked: int) -> str | None:
+        """Why the flow must be unbound now, or None."""
+        idle = now - self.last
+        if not interval or not unacked or self.receiving or idle < interval:
+            return None
+        return (f"it did not receive, ack or nack for {idle:.0f} s while holding {unacked} "
+                f"unacked message(s) (max_poll_interval {interval:g} s): its handler may hang; "
+                f"its messages go to other consumers")
 
 
 class Flow:
@@ -194,7 +229,9 @@ class Flow:
     def run(self, handler: Callable[[Message], None], stop: threading.Event | None = None,
             batch: int = 100) -> None:
         """Callback style: call ``handler(msg)`` for each message and ack it once the handler
-        returned; a handler that raises gets the message nacked (redelivered, in order)."""
+        returned; a handler that raises gets the message nacked (redelivered, in order, after
+        the queue's redelivery delay) and the exception is raised. With ``max_redelivery`` set,
+        a message whose handler keeps raising ends in the dead message queue."""
         for msg in self.messages(batch, stop):
             try:
                 handler(msg)
@@ -227,9 +264,24 @@ class Flow:
         returns."""
         return Pending(self._endpoint.ack_through(partition, seq))
 
-    def nack(self, msg: Message) -> None:
-        """Return ``msg`` for redelivery (with every later unacked message of its partition)."""
-        self._endpoint.nack(msg)
+    def nack(self, msg: Message, delay: float | None = None) -> None:
+        """Return ``msg`` for redelivery (with every later unacked message of its partition:
+        rule `partition-order`). Its delivery count grows by one. ``delay``: seconds before it
+        comes back, its partition waiting meanwhile; None for the queue's rule
+        (``redelivery_delay``, growing by ``redelivery_delay_multiplier`` with each redelivery
+        up to ``redelivery_delay_max``; 0 means at once)."""
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))
+                                  or not math.isfinite(delay) or not 0 <= delay <= MAX_SECONDS):
+            raise InvalidConfig(f"delay must be a number of seconds from 0 to {MAX_SECONDS:g} "
+                                f"or None, not {delay!r}")
+        self._endpoint.nack(msg, delay)
+
+    def reject(self, msg: Message) -> None:
+        """The message cannot be processed, ever: it is dead at once, whatever
+        ``max_redelivery`` says, and goes to the queue's dead message queue with
+        ``dead_reason="rejected"`` (discarded and counted without one). The rest of its
+        partition flows on. Durable when this returns."""
+        self._endpoint.reject(msg)
 
     def unbind(self) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked

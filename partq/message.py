@@ -20,7 +20,13 @@ class Message(NamedTuple):
     consumer before (after a nack, a handoff that timed out, a consumer loss or a broker
     restart). Like JMSRedelivered it can be a false positive after a restart, never a false
     negative: a message that was delivered before is always marked. (A NamedTuple: receive
-    builds one per message, three times cheaper than a frozen dataclass.)"""
+    builds one per message, three times cheaper than a frozen dataclass.)
+
+    ``delivery_count`` is 1 on the first delivery and grows by one each time the message came
+    back because it was not acked (its own nack, a consumer lost while holding it, a handoff
+    that timed out, a crash); messages that come back only because an earlier one of their
+    partition was nacked keep their count (rule `delivery-count`). After a crash it may be one too
+    high, never too low."""
     queue: str
     partition: int
     seq: int
@@ -29,6 +35,7 @@ class Message(NamedTuple):
     headers: dict | None
     publish_time_ns: int
     redelivered: bool
+    delivery_count: int = 1
 
 
 @dataclass(frozen=True, slots=True)

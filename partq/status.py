@@ -50,6 +50,14 @@ class QueueStatus:
     procedure: dict | None = None   # a scaling procedure in progress or interrupted
                                     # (``partq.scaling.Procedure.as_dict``)
     warnings: list[str] = field(default_factory=list)   # what an operator must know now
+    # the message lifecycle (durable counts since the queue was created): dead messages by
+    # reason, and those discarded for want of a dead message queue (rules `redelivery-limit`,
+    # `dead-messages`, `expiry`); publishes the quota refused or discarded (rule `quota`);
+    # partitions waiting out a nack's delay now, in the delivery owner (rule `retry-delay`)
+    dead: dict = field(default_factory=dict)
+    quota_refused: int = 0
+    quota_discarded: int = 0
+    delayed: int = 0
     cutover: dict | None = None     # an online scaling still draining (rule `online-scaling`): per
                                     # old partition its cut-over seq, messages to ack, messages held
                                     # (``partq.delivery.holds.hold_report``)

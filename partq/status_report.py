@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 from partq.config import QueueConfig
+from partq.delivery.dead_letter import dead_counts
 from partq.delivery.holds import hold_report, read_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.peers.owner_channel import silent_owner_warning
 from partq.delivery.saved_state import DeliveryView, SlotView, decode_state, stored_view
 from partq.publish.publisher import discarded_count
+from partq.publish.quota import quota_counts
 from partq.scaling.record import read_procedure
 from partq.states import PartitionState
 from partq.status import PartitionStatus, QueueStatus
@@ -50,6 +52,7 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
     parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                     if r.has_partition(config.qid, PARENT) else 0)
     procedure = read_procedure(r, config.name, config.qid)
+    quotas = quota_counts(r, config.qid)
     cutover = read_cutover(r, config.qid)
     return QueueStatus(
         name=config.name, partition_count=config.operating_partitions,
@@ -59,6 +62,9 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
         flows=list(view.flows),
         delivery_owner=owner, access_type=config.access_type, parent_depth=parent_depth,
         discarded=discarded_count(r, config.qid),
+        dead=dead_counts(r, config.qid),
+        quota_refused=quotas["refused"], quota_discarded=quotas["discarded"],
+        delayed=view.delayed,
         procedure=procedure.as_dict() if procedure else None,
         warnings=[procedure.describe()] if procedure and procedure.state != "running" else [],
         cutover=hold_report(r, config.qid, cutover, index) if cutover is not None else None)

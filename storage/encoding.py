@@ -17,6 +17,10 @@ Record (inside a chunk)::
 
     crc32c (u32, big-endian, over the body) || body
     body = msgpack [publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes]
+         | msgpack [publish_time_ns, key, headers, payload, expires_ns: int]
+
+The five-field form carries the time a message published with a TTL expires; a record without
+one never expires by itself (every record written before TTLs existed has four fields).
 
 The checksum is verified *before* the body is decoded: msgpack decodes many damaged buffers into
 well-formed objects, so the checksum is what tells damage apart from data. Any failure becomes
@@ -129,14 +133,16 @@ def chunk_length(value: bytes) -> int:
         return 0
 
 
-def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes) -> bytes:
+def encode_record(publish_time_ns: int, key: str | None, headers: dict | None, payload: bytes,
+                  expires_ns: int | None = None) -> bytes:
     """Encode one record (raises TypeError for headers that would not decode back as given).
     Safe from any thread: the packer holds no state between calls (autoreset)."""
     if headers is not None:
         if not isinstance(headers, dict):
             raise TypeError(f"headers must be a dict, not {type(headers).__name__}")
         check_headers(headers)
-    body = _packer.pack((publish_time_ns, key, headers, payload))
+    body = _packer.pack((publish_time_ns, key, headers, payload) if expires_ns is None
+                        else (publish_time_ns, key, headers, payload, expires_ns))
     return _crc_pack(_crc(body)) + body
 
 
@@ -148,9 +154,10 @@ class Record(NamedTuple):
 
 
 def record_fields(raw: bytes) -> list | None:
-    """``[publish_time_ns, key, headers, payload]`` of a sound record; None for a damaged one
-    (``decode_record`` says what is wrong). The checksum is checked before decoding. This is
-    the hot path of delivery, so it returns the decoded list itself, not a ``Record``."""
+    """``[publish_time_ns, key, headers, payload]`` of a sound record, with ``expires_ns`` as a
+    fifth item when it has one; None for a damaged one (``decode_record`` says what is wrong).
+    The checksum is checked before decoding. This is the hot path of delivery, so it returns
+    the decoded list itself, not a ``Record``."""
     body = raw[4:]
     if len(raw) < 5 or _crc(body) != _crc_unpack(raw)[0]:
         return None
@@ -158,10 +165,16 @@ def record_fields(raw: bytes) -> list | None:
         f = _unpack(body, raw=False, strict_map_key=False)
     except Exception:  # msgpack raises a zoo of types on bad input
         return None
-    if (type(f) is list and len(f) == 4 and type(f[0]) is int and type(f[3]) is bytes
-            and (f[1] is None or type(f[1]) is str) and (f[2] is None or type(f[2]) is dict)):
+    if (type(f) is list and 4 <= len(f) <= 5 and type(f[0]) is int and type(f[3]) is bytes
+            and (f[1] is None or type(f[1]) is str) and (f[2] is None or type(f[2]) is dict)
+            and (len(f) == 4 or type(f[4]) is int)):
         return f
     return None
+
+
+def expires_ns(fields: list) -> int | None:
+    """When the record of ``fields`` (``record_fields``) expires by its own TTL (None: never)."""
+    return fields[4] if len(fields) == 5 else None
 
 
 def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
@@ -169,7 +182,7 @@ def decode_record(raw: bytes, queue: str, partition: int, seq: int) -> Record:
     fields = record_fields(raw)
     if fields is None:
         raise corruption(raw, queue, partition, seq)
-    return Record(*fields)
+    return Record(*fields[:4])
 
 
 def corruption(raw: bytes, queue: str, partition: int, seq: int) -> CorruptRecord:
@@ -187,8 +200,8 @@ def _damage(raw: bytes) -> str:
         fields = _unpack(body, raw=False, strict_map_key=False)
     except Exception as exc:
         return f"undecodable body ({type(exc).__name__})"
-    if type(fields) is not list or len(fields) != 4:
-        return "body is not a 4-field record"
+    if type(fields) is not list or not 4 <= len(fields) <= 5:
+        return "body is not a 4- or 5-field record"
     return "record fields have the wrong types"
 
 
@@ -206,8 +219,26 @@ class AckState:
     floor: int = 0
     above: set[int] = dataclasses.field(default_factory=set)
     delivered_mark: int = -1
+    # seq -> times the message came back unacked (its delivery count is one more), for unacked
+    # seqs only: an ack drops its entry. Encoded as a fourth item only when not empty, so the
+    # three-item states of stores written before delivery counts decode as they are.
+    failures: dict[int, int] = dataclasses.field(default_factory=dict)
+    # Every delivery at or below ``counted`` is in ``failures`` already, and the delivered mark is
+    # exact: the last holder of the partition let it go gracefully (``Writer.settle``). -1 once a
+    # holder hands messages out again. The next holder counts one lost delivery for each unacked
+    # seq in (counted, delivered_mark]: after a crash, more than were really delivered (at most
+    # one per message), never fewer.
+    counted: int = -1
 
     def encode(self) -> bytes:
+        failures = self.failures
+        if failures:
+            floor, above = self.floor, self.above
+            for seq in [s for s in failures if s < floor or s in above]:
+                del failures[seq]
+        if failures or self.counted >= 0:
+            return msgpack.packb((self.floor, sorted(self.above), self.delivered_mark,
+                                  sorted(failures.items()), self.counted))
         return msgpack.packb((self.floor, sorted(self.above), self.delivered_mark))
 
     @classmethod
@@ -215,11 +246,18 @@ class AckState:
         if raw is None:
             return cls(above=set())
         try:
-            floor, above, mark = msgpack.unpackb(raw)
-            return cls(int(floor), set(above), int(mark))
+            fields = msgpack.unpackb(raw)
+            floor, above, mark = fields[:3]
+            failures = {int(s): int(n) for s, n in fields[3]} if len(fields) > 3 else {}
+            counted = int(fields[4]) if len(fields) > 4 else -1
+            return cls(int(floor), set(above), int(mark), failures, counted)
         except Exception:
             raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or "
                                f"backup") from None
+
+    def failed(self, seq: int) -> int:
+        """Times ``seq`` came back unacked."""
+        return self.failures.get(seq, 0) if self.failures else 0
 
     def backlog(self, head: int) -> int:
         """Messages published and not acked, for a partition whose next sequence is ``head``."""

@@ -60,6 +60,28 @@ SETTINGS = [
      "with --reject-when-shutdown on too."),
     ("--reject-when-shutdown", "reject_msg_to_sender_when_shutdown", ON_OFF,
      "Reject (not discard) publishes while ingress is off; needs --reject-msg-to-sender on."),
+    ("--max-redelivery", "max_redelivery", click.INT,
+     "Deliveries after the first before a message is dead (moved to the dead message queue, or "
+     "discarded and counted without one); 0: redeliver forever."),
+    ("--dead-message-queue", "dead_message_queue", click.STRING,
+     "Queue of this directory that receives dead messages ('' for none)."),
+    ("--redelivery-delay", "redelivery_delay", click.FLOAT,
+     "Seconds before a nacked message comes back (0: at once); grows with each redelivery."),
+    ("--redelivery-delay-multiplier", "redelivery_delay_multiplier", click.FLOAT,
+     "Factor the redelivery delay grows by with each redelivery (>= 1)."),
+    ("--redelivery-delay-max", "redelivery_delay_max", click.FLOAT,
+     "Longest redelivery delay in seconds."),
+    ("--max-ttl", "max_ttl", click.FLOAT,
+     "Seconds after its publish every message expires at the latest (0: never); an expired "
+     "message is dead."),
+    ("--max-depth", "max_depth", click.INT,
+     "Quota: messages published and not acked (0: none); past it publishes are refused or "
+     "discarded, see --reject-msg-to-sender."),
+    ("--max-bytes", "max_bytes", click.INT,
+     "Quota: bytes of the queue's stored messages (0: none)."),
+    ("--max-poll-interval", "max_poll_interval", click.FLOAT,
+     "Seconds a consumer holding unacked messages may go without receiving, acking or nacking "
+     "before it is unbound and its messages redelivered (0: never)."),
     ("--access-type", "access_type", click.Choice(ACCESS_TYPES),
      "non-exclusive: partitioned; exclusive: not partitioned, one consumer at a time (its "
      "partition count is then 0). A change unbinds every consumer."),

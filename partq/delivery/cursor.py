@@ -4,20 +4,30 @@ a process that delivers partitions the owner assigned to its flows (``peers.peer
 
 Per partition a cursor keeps:
 * ``next``: the next sequence to look at for delivery;
-* ``ack``: a mirror of the durable ``AckState`` (floor, acked-above, delivered mark);
+* ``ack``: a mirror of the durable ``AckState`` (floor, acked-above, delivered mark, delivery
+  counts);
 * ``inflight``: seq -> flow id of messages delivered and not yet acked;
 * ``redeliver_upto``: messages with seq <= this are marked redelivered;
-* ``high``: the highest sequence actually delivered in this run.
+* ``high``: the highest sequence actually delivered in this run;
+* ``suspect``: seqs an earlier holder may have delivered without counting it (it crashed, or
+  held the partition in another process): each counts one lost delivery when handed out again;
+* ``wait_until``: a nack with a delay holds the partition until then (rule `retry-delay`).
 
 The durable delivered mark runs ahead of real deliveries by up to ``MARK_LEASE`` sequences
 (capped at the log's head), so most receives need no commit; after a crash every unacked message
-at or below the mark comes back marked redelivered (a possible false positive, never a false
-negative).
+at or below the mark comes back marked redelivered, its delivery count one higher (a possible
+false positive, never a false negative). A holder that lets a partition go gracefully makes the
+mark exact first (``settle_counts``), so the next holder counts and marks only real deliveries.
+
+Delivery counts (``Message.delivery_count``, rule `delivery-count`): a message's count is one more
+than the times it came back unacked (``AckState.failures``). A count that grows is written in
+the same commit as the delivered mark, before the message is handed out.
 """
 from __future__ import annotations
 
 import logging
 
+from partq.delivery.handout import Handout
 from partq.errors import CorruptRecord
 from partq.message import Message
 from partq.storage.encoding import corruption, record_fields
@@ -29,7 +39,8 @@ MARK_LEASE = 1024
 
 class Cursor:
     __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk",
-                 "epoch", "stale", "remote_held", "held_by")
+                 "epoch", "stale", "remote_held", "held_by", "suspect_from", "suspect_upto",
+                 "settled", "wait_until")
 
     def __init__(self, sp: int, ack, epoch: int = 0) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
@@ -44,6 +55,14 @@ class Cursor:
         self.stale = False        # its ack mirror may lag: another process delivered it since
         self.remote_held = False  # a flow of another process holds it (the owner's cursor)
         self.held_by: int | None = None   # the old partition its next message waits for
+        self.wait_until = 0.0     # a nack's delay holds the partition until then (clock.now())
+        self._suspect(ack)
+
+    def _suspect(self, ack) -> None:
+        """Take the durable state's word for what an earlier holder delivered uncounted."""
+        self.suspect_from = max(ack.counted + 1, ack.floor)
+        self.suspect_upto = ack.delivered_mark
+        self.settled = ack.counted >= 0   # handing out again must say it is no longer settled
 
     def refresh(self, ack, settled: bool = True) -> None:
         """Take the durable ack state again (the partition was delivered by another process,
@@ -60,60 +79,94 @@ class Cursor:
             above.discard(floor)
             floor += 1
         ack.floor, ack.above = floor, above
+        for seq, n in mine.failures.items():
+            if n > ack.failures.get(seq, 0) and seq >= floor and seq not in above:
+                ack.failures[seq] = n
+        other_delivered = ack.delivered_mark > mine.delivered_mark or ack.counted >= 0
         ack.delivered_mark = max(mine.delivered_mark, ack.delivered_mark)
         self.ack = ack
         self.next = max(self.next, floor)
         self.redeliver_upto = max(self.redeliver_upto, ack.delivered_mark)
+        if other_delivered:
+            self._suspect(ack)
         if settled:
             self.stale = False
 
     def take(self, reader, qid: int, queue: str, flow, want: int, out: list[Message],
-             skipped: dict[int, list[int]], hold=None) -> None:
+             handout: Handout, hold=None) -> None:
         """Append to ``out`` deliverable messages of this partition for ``flow`` (a
-        ``FlowState``) until ``out`` holds ``want``. A corrupt record stops delivery of the
-        partition (``flow.pending_error``), unless the flow skips corrupt records: those are
-        acked in memory and listed in ``skipped`` for the caller to ack durably. ``hold(seq,
-        key)`` (online scaling, ``holds``) stops the partition at a message whose key's old
-        partition has not drained yet."""
+        ``FlowState``) until ``out`` holds ``want``, noting in ``handout`` what must be durable
+        first: delivery counts that grew, and messages that are dead instead of delivered
+        (expired, or past ``max_redelivery``: rules `expiry`, `redelivery-limit`). A corrupt
+        record stops delivery of the partition (``flow.pending_error``), unless the flow skips
+        corrupt records: those are acked in memory and listed in ``handout.skipped`` to be
+        acked durably. ``hold(seq, key)`` (online scaling, ``holds``) stops the partition at a
+        message whose key's old partition has not drained yet."""
         self.held_by = None
         p, fid = self.sp, flow.flow_id
         if self.error is not None:
             if not flow.skip_corrupt:
                 return
             self.error = None       # a flow told to skip takes over where delivery stopped
+        if self.wait_until:
+            if self.wait_until > handout.now:
+                handout.wake_at(self.wait_until)
+                return
+            self.wait_until = 0.0
         inflight, upto = self.inflight, self.redeliver_upto
         append, new = out.append, tuple.__new__
+        ack = self.ack
+        now_ns, max_ttl_ns, limit = handout.now_ns, handout.max_ttl_ns, handout.max_deliveries
         while len(out) < want:
             batch = reader.records(qid, p, self.next, want - len(out) + 8, self.chunk)
             if not batch:
                 break
-            floor, above = self.ack.floor, self.ack.above
+            floor, above = ack.floor, ack.above
             for seq, raw in batch:
                 if len(out) >= want:
                     break
                 self.next = seq + 1
                 if seq < floor or seq in above:
+                    if self.suspect_from == seq:
+                        self.suspect_from = seq + 1    # passed: nothing left to count there
                     continue
                 fields = record_fields(raw)
                 if fields is None:
                     exc = corruption(raw, queue, p, seq)
                     if flow.skip_corrupt:
                         log.error("skipping (and acking) %s", exc)
-                        self.ack.add([seq])
-                        floor = self.ack.floor
-                        skipped.setdefault(p, []).append(seq)
+                        ack.add([seq])
+                        floor = ack.floor
+                        handout.skipped.setdefault(p, []).append(seq)
                         continue
                     self.next = seq
                     self.error = exc
                     flow.pending_error = exc
                     break
-                ts, key, headers, payload = fields
+                ts, key = fields[0], fields[1]
                 if hold is not None:
                     self.held_by = hold(seq, key)
                     if self.held_by is not None:
                         self.next = seq           # delivered once the old partition drained
                         break
-                append(new(Message, (queue, p, seq, key, payload, headers, ts, seq <= upto)))
+                failed = ack.failures.get(seq, 0) if ack.failures else 0
+                if self.suspect_from <= seq <= self.suspect_upto:
+                    failed += 1               # an earlier holder's delivery, lost uncounted
+                    self.suspect_from = seq + 1
+                    ack.failures[seq] = failed
+                    handout.count(p, seq, failed)
+                if (len(fields) == 5 and fields[4] <= now_ns) \
+                        or (max_ttl_ns and ts + max_ttl_ns <= now_ns):
+                    handout.dead_letter(p, seq, fields, "expired", failed)
+                    continue
+                if limit and failed >= limit:
+                    handout.dead_letter(p, seq, fields, "max_redelivery", failed)
+                    continue
+                if self.settled:
+                    self.settled = False
+                    handout.unsettle(p)
+                append(new(Message, (queue, p, seq, key, fields[3], fields[2], ts, seq <= upto,
+                                     failed + 1)))
                 inflight[seq] = fid
             if out and out[-1].partition == p and out[-1].seq > self.high:
                 self.high = out[-1].seq
@@ -138,18 +191,51 @@ class Cursor:
     def outstanding(self, flow_id: str) -> int:
         return sum(1 for f in self.inflight.values() if f == flow_id)
 
+    def count_lost(self, seqs) -> list[tuple[int, int]]:
+        """Deliveries of ``seqs`` ended unacked (a flow gone, a handoff timed out): each counts
+        one failure. Returns the ``(seq, failures)`` pairs to make durable."""
+        failures = self.ack.failures
+        out = []
+        for seq in seqs:
+            n = failures.get(seq, 0) + 1
+            failures[seq] = n
+            out.append((seq, n))
+        return out
 
-def mark_ops(qid: int, marks: dict[int, tuple[int, int]], seen: dict[int, int]) -> list:
-    """Write each delivered mark ``(old, new)``, and note in ``seen[partition]`` a stored mark
-    above ``old``: another process (a peer whose assignment read was older, or the owner
-    taking a partition back) delivered those messages since this one's snapshot, so this
-    process's copies of them are redeliveries (``flag_redelivered``). Never a false negative."""
-    def op(w, p: int, old: int, new: int) -> None:
-        stored = w.ack_state(qid, p).delivered_mark if w.has_partition(qid, p) else old
-        if stored > old:
-            seen[p] = stored
-        w.set_delivered_mark(qid, p, new)
-    return [lambda w, p=p, o=old, n=new: op(w, p, o, n) for p, (old, new) in marks.items()]
+    def give_back(self, seq: int, flow_id: str, delay: float, now: float) -> list[int] | None:
+        """A nack of ``seq`` (in flight to ``flow_id``): it and every later message of the
+        partition in flight come back, in order, marked redelivered; only ``seq`` failed, so
+        only its count grows (the caller makes it durable: ``count_lost``). The partition waits
+        ``delay`` seconds. Returns the seqs taken back, None when ``seq`` was not in flight to
+        ``flow_id``."""
+        if self.inflight.get(seq) != flow_id:
+            return None
+        back = sorted(s for s in self.inflight if s >= seq)
+        for s in back:
+            del self.inflight[s]
+        self.redeliver_upto = max(self.redeliver_upto, self.high)
+        self.next = min(self.next, seq)
+        if delay > 0:
+            self.wait_until = max(self.wait_until, now + delay)
+        return back
+
+    def settle_counts(self) -> tuple[int, int, int, list[tuple[int, int]]] | None:
+        """Letting the partition go gracefully: ``(expected, mark, counted, counts)`` for
+        ``Writer.settle``: the deliveries in flight count as lost (``counts``), the mark becomes
+        what was really delivered, by this holder or before it (``redeliver_upto``), and
+        ``counted`` says up to where every delivery is counted: below a suspect range this
+        holder has not handed out again, which stays suspect for the next holder. None when
+        there is nothing to settle."""
+        ack = self.ack
+        expected = ack.delivered_mark
+        if self.settled or ack.floor > expected or \
+                sum(1 for s in ack.above if s <= expected) == expected - ack.floor + 1:
+            return None     # nothing at or below the mark is unacked: nothing to get wrong
+        mark = max(self.high, self.redeliver_upto, ack.floor - 1)
+        if mark > expected:
+            return None
+        counted = self.suspect_from - 1 if self.suspect_from <= self.suspect_upto else mark
+        return expected, mark, counted, self.count_lost(sorted(self.inflight))
 
 
 def flag_redelivered(msgs: list[Message], seen: dict[int, int]) -> list[Message]:

@@ -65,6 +65,7 @@ class Dispatcher:
         self.polls = 0                     # receive wake-ups that read the logs (diagnostics)
         self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False
+        self._wake: float | None = None    # when a nack's delay ends (``wake_at``)
         store.on_commit(self._on_commit)
         self.after_tick: Callable[[], None] | None = None   # the broker's periodic work
         self._ticker: threading.Thread | None = None
@@ -109,7 +110,8 @@ class Dispatcher:
     def bind_local(self, queue: str, name: str | None, hint: list[int] | None,
                    skip_corrupt: bool) -> LocalEndpoint:
         """Bind a flow delivered by this process (``DeliveryLocked`` if another owns it)."""
-        state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt)
+        state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt,
+                          now=self.clock.now())
         qd = self._add_flow(queue, state, hint)
         log.info("flow %s bound to queue %r: partitions %s", name or state.flow_id, queue,
                  sorted(self.partitions(qd, state)))
@@ -228,7 +230,7 @@ class Dispatcher:
         """The live view as a document for another process (``control``'s "view")."""
         with self._lock:
             qd = self._runtimes.get(queue)
-            view = None if qd is None else qd.view(PROCESS)
+            view = None if qd is None else qd.view(PROCESS, self.clock.now())
         return None if view is None else view_to_doc(view, clients)
 
     def owns(self, queue: str) -> bool:
@@ -240,7 +242,7 @@ class Dispatcher:
         asked over its control socket; None when no process answers for it."""
         with self._lock:
             qd = self._runtimes.get(queue)
-            view = qd.view(PROCESS) if qd is not None else None
+            view = qd.view(PROCESS, self.clock.now()) if qd is not None else None
             server = self._servers.get(queue)
         if view is not None:
             clients = server.clients() if server is not None else {}
@@ -274,8 +276,15 @@ class Dispatcher:
     # ------------------------------------------------------------------ the flow interface
     def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
                 timeout: float) -> list[Message]:
-        msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
-                                      timeout)
+        poll = state.poll
+        poll.touch(self.clock.now())
+        poll.receiving += 1
+        try:
+            msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
+                                          timeout)
+        finally:
+            poll.receiving -= 1
+            poll.touch(self.clock.now())
         if msgs:
             self.tally.delivered(qd.name, msgs)
         return msgs if msgs is not None else []
@@ -306,9 +315,12 @@ class Dispatcher:
             qd.check_flow(state)
             timer_fut = self._submit(self._due_timer_ops())
             with self.store.read() as r:
-                msgs, marks, skipped = qd.collect(state, max_messages, r)
+                msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
+                                           self.clock.wall_ns())
             seen: dict[int, int] = {}     # marks another process wrote since the read
-            fut = self._submit(qd.collect_ops(marks, skipped, seen))
+            fut = self._submit(qd.collect_ops(handout, seen))
+        if handout.wake is not None:
+            self.wake_at(handout.wake)
         if timer_fut is not None:
             self._commit_and_notify(timer_fut)
         if fut is not None:
@@ -316,15 +328,17 @@ class Dispatcher:
                 fut.result()
             except BaseException:
                 with self._lock:
-                    qd.undo_collect(state, msgs, marks)
+                    qd.undo_collect(state, msgs, handout)
                 raise
-            if seen:
-                with self._lock:
+            with self._lock:
+                qd.collected(handout)
+                if seen:
                     msgs = qd.flag_concurrent(msgs, seen)
         return msgs
 
     def ack_async(self, qd: QueueDelivery, state: FlowState,
                   msgs: Iterable[Message]) -> WriteHandle | None:
+        state.poll.touch(self.clock.now())
         with self._lock:
             with self.store.read() as r:
                 fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
@@ -335,16 +349,28 @@ class Dispatcher:
 
     def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
                     seq: int) -> WriteHandle | None:
+        state.poll.touch(self.clock.now())
         with self._lock:
             with self.store.read() as r:
                 fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
         self.notify()
         return fut
 
-    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
+             delay: float | None = None) -> None:
+        state.poll.touch(self.clock.now())
         with self._lock:
-            fut = self._submit(qd.nack(state, msg, self.clock.now()))
+            fut = self._submit(qd.nack(state, msg, self.clock.now(), delay))
+            wake = qd.next_wake()
+        if wake is not None:
+            self.wake_at(wake)
         self.tally.nacked(qd.name)
+        self._commit_and_notify(fut)
+
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+        state.poll.touch(self.clock.now())
+        with self._lock:
+            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()))
         self._commit_and_notify(fut)
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
@@ -426,9 +452,18 @@ class Dispatcher:
         if ops:
             self._commit_and_notify(fut)
 
+    def wake_at(self, when: float) -> None:
+        """Make receivers look again at ``when`` (``clock.now()``): a nack's delay ends."""
+        with self._lock:
+            if self._wake is None or when < self._wake:
+                self._wake = when
+
     def _timer_due(self) -> bool:
         now = self.clock.now()
         with self._lock:
+            if self._wake is not None and self._wake <= now:
+                self._wake = None
+                return True
             return any(d is not None and d <= now
                        for d in (qd.core.next_deadline() for qd in self._runtimes.values()))
 
@@ -447,6 +482,25 @@ class Dispatcher:
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
                 ops += qd.tick(now)
+            ops += self._unbind_hung(qd, now)
+        return ops
+
+    @staticmethod
+    def _unbind_hung(qd: QueueDelivery, now: float) -> list:
+        """Unbind this process's flows whose handler hangs (rule `max-poll-interval`): holding
+        unacked messages, no receive, ack or nack for ``max_poll_interval``. Their messages
+        come back, counted, to whoever takes their partitions."""
+        interval = qd.config.max_poll_interval
+        ops: list = []
+        if not interval:
+            return ops
+        for state in [s for s in qd.flows.values() if s.remote is None]:
+            reason = state.poll.hung(now, interval, state.inflight)
+            if reason is not None:
+                log.warning("queue %r: flow %s unbound: %s", qd.name,
+                            state.name or state.flow_id, reason)
+                state.close(f"unbound by the broker: {reason}")
+                ops += qd.unbind(state, now)
         return ops
 
     @staticmethod
@@ -478,6 +532,21 @@ class Dispatcher:
                 log.warning("timer run failed: %s", exc)
 
     # ------------------------------------------------------------------ lifecycle
+    def settle(self) -> None:
+        """Before this process stops delivering: make delivery counts and delivered marks exact,
+        so whoever delivers next counts only real deliveries (``QueueDelivery.settle_all``).
+        ``close`` does it; the broker does it before it stops serving DR-standbys, so that they
+        get this commit too."""
+        with self._lock:
+            ops = [op for qd in self._runtimes.values() for op in qd.settle_all()]
+        if not ops:
+            return
+        try:
+            self.store.check_writable()
+            self.store.write(lambda w: [op(w) for op in ops])
+        except PartqError as exc:
+            log.warning("could not settle delivery counts on close: %s", exc)
+
     def close(self, reason: str) -> None:
         """Close every flow with ``reason`` (their state stays stored: consumers that come back
         within the rebalance delay keep their partitions) and release the delivery locks."""
@@ -494,6 +563,7 @@ class Dispatcher:
             group.close()
         for server in servers:        # before the locks go: clients then fail over
             server.stop()
+        self.settle()
         with self._lock:
             for qd in self._runtimes.values():
                 for state in list(qd.flows.values()):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from partq.errors import CorruptRecord, FlowFenced
+from partq.flow import PollWatch
 from partq.message import FlowChangeUpdate, Message
 
 
@@ -37,10 +38,12 @@ class FlowState:
     holds is a handle on it). Changed only under the dispatcher's lock."""
 
     __slots__ = ("flow_id", "name", "queue", "skip_corrupt", "inflight", "rr", "pending_error",
-                 "closed_reason", "events", "on_change", "remote", "reported", "client")
+                 "closed_reason", "events", "on_change", "remote", "reported", "client", "poll")
 
     def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
-                 remote: PeerSink | None = None, client: str | None = None) -> None:
+                 remote: PeerSink | None = None, client: str | None = None,
+                 now: float = 0.0) -> None:
+        self.poll = PollWatch(now)        # its application's last call (rule `max-poll-interval`)
         self.flow_id, self.name, self.queue, self.skip_corrupt = flow_id, name, queue, skip_corrupt
         self.inflight = 0                 # messages delivered to it and not acked
         self.rr = 0                       # where the next receive starts among its partitions

@@ -28,7 +28,10 @@ class FlowDelivery(Protocol):
     def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
                     seq: int) -> WriteHandle | None: ...
 
-    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
+    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
+             delay: float | None) -> None: ...
+
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None: ...
 
@@ -59,8 +62,11 @@ class LocalEndpoint:
     def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
         return self._delivery.ack_through(self._qd, self._state, partition, seq)
 
-    def nack(self, msg: Message) -> None:
-        self._delivery.nack(self._qd, self._state, msg)
+    def nack(self, msg: Message, delay: float | None = None) -> None:
+        self._delivery.nack(self._qd, self._state, msg, delay)
+
+    def reject(self, msg: Message) -> None:
+        self._delivery.reject(self._qd, self._state, msg)
 
     def unbind(self) -> None:
         self._delivery.unbind(self._qd, self._state)

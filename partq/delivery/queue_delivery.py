@@ -16,13 +16,16 @@ flight, the delivered mark); per flow a ``FlowState``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
-from partq.config import QueueConfig
+from partq.config import QueueConfig, redelivery_wait
 from partq.core.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
-from partq.delivery.cursor import Cursor, flag_redelivered, mark_ops
+from partq.delivery.cursor import Cursor, flag_redelivered
+from partq.delivery.dead_letter import DeadMessage, dead_op, rejected
 from partq.delivery.flow_state import FlowState, fenced_error, fenced_range
+from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.layout import ack_parent_log, delivery_layout, describe_mode
 from partq.delivery.moves import Moves
@@ -127,11 +130,21 @@ class QueueDelivery:
         return ops + self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
 
     def unbind(self, flow, now: float) -> list:
+        """The flow left: its unacked messages come back to whoever takes its partitions, each
+        counting a lost delivery (rule `delivery-count`)."""
         self.flows.pop(flow.flow_id, None)
+        ops = []
         for ps in self.parts:
-            for seq in [s for s, f in ps.inflight.items() if f == flow.flow_id]:
+            lost = [s for s, f in ps.inflight.items() if f == flow.flow_id]
+            for seq in lost:
                 del ps.inflight[seq]
-        return self._run(self.core.unbind(flow.flow_id, now), now)
+            if lost:
+                ops.append(self._failures_op(ps, ps.count_lost(sorted(lost))))
+        return ops + self._run(self.core.unbind(flow.flow_id, now), now)
+
+    def _failures_op(self, ps: Cursor, counts: list[tuple[int, int]]) -> Callable:
+        qid, sp = self.qid, ps.sp
+        return lambda w: w.set_failures(qid, sp, counts)
 
     def tick(self, now: float) -> list:
         return self._run(self.core.tick(now), now)
@@ -156,6 +169,7 @@ class QueueDelivery:
         """Carry out actions; report drained paused partitions back to the core until quiet.
         Returns the write operations to submit (the new state blob, if it changed)."""
         self.moves.sample(self._held)
+        ops: list = []
         while actions:
             paused = []
             for a in actions:
@@ -170,7 +184,12 @@ class QueueDelivery:
                         ps = self.parts[a.p]
                         target = self.flows.get(a.flow) if a.flow is not None else None
                         if target is not None and target.remote is not None:
+                            if not ps.remote_held and not ps.stale:
+                                ops += self._settle_ops(ps)
                             ps.remote_held = True     # its process reads and acks it itself
+                        elif ps.inflight and not ps.remote_held:
+                            # the old flow's deliveries ended unacked (its handoff timed out)
+                            ops.append(self._failures_op(ps, ps.count_lost(sorted(ps.inflight))))
                         elif ps.remote_held:
                             ps.stale, ps.remote_held = True, False   # read its state again
                         if a.flow is None:
@@ -184,7 +203,29 @@ class QueueDelivery:
             actions = []
             for p in paused:
                 actions += self.core.acked(p, self._outstanding(p), now)
-        return self._state_ops(now)
+        return ops + self._state_ops(now)
+
+    def _settle_ops(self, ps: Cursor) -> list:
+        """This process lets ``ps`` go to a flow of another process: make its delivery counts
+        and delivered mark exact first, so the next holder counts and marks only what this one
+        really delivered (``Writer.settle``)."""
+        settled = ps.settle_counts()
+        if settled is None:
+            return []
+        expected, mark, counted, counts = settled
+        ps.ack.delivered_mark, ps.ack.counted = mark, counted
+        ps.settled = True
+        qid, sp = self.qid, ps.sp
+        return [lambda w: w.settle(qid, sp, expected, mark, counted, counts)]
+
+    def settle_all(self) -> list:
+        """This process stops delivering the queue (it closes): settle every partition it
+        delivers itself."""
+        ops = []
+        for ps in self.parts:
+            if not ps.remote_held and not ps.stale:
+                ops += self._settle_ops(ps)
+        return ops
 
     def _outstanding(self, p: int) -> int:
         owner = self.core.owner[p]
@@ -241,7 +282,7 @@ class QueueDelivery:
         return slot < len(stored.epoch) and stored.epoch[slot] == self.core.epoch[slot] \
             and stored.owner[slot] == self.core.owner[slot]
 
-    def view(self, this_process: str | None = None) -> DeliveryView:
+    def view(self, this_process: str | None = None, now: float = 0.0) -> DeliveryView:
         """Statuses, owners, unacked counts and errors as they are now. A partition a flow of
         another process holds shows what that process last reported unacked."""
         def live(sp: int) -> tuple[int, str | None]:
@@ -260,8 +301,9 @@ class QueueDelivery:
             if state is None:
                 return None
             return state.client if state.remote is not None else this_process
-        return view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
+        view = view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
                        bound=True, live=live, mode=self.mode, client=client)
+        return dataclasses.replace(view, delayed=self.delayed(now))
 
     def _state_ops(self, now: float) -> list:
         blob = encode_state(self.mode, self.core)
@@ -273,29 +315,28 @@ class QueueDelivery:
             self.core, now, [ps.sp for ps in self.parts], self._held)
 
     # ------------------------------------------------------------------ delivery
-    def collect(self, flow, max_messages: int, reader) -> tuple[list[Message], dict, dict]:
-        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages,
-        the delivered marks (storage partition -> (old, new)) that must be durable before they
-        are handed over, and the corrupt records a ``skip_corrupt`` flow stepped over
-        (partition -> seqs), which are acked in the same commit so the log keeps truncating.
-        ``collect_ops`` makes the writes; ``undo_collect`` puts the messages back if that commit
-        fails."""
+    def collect(self, flow, max_messages: int, reader, now: float,
+                now_ns: int) -> tuple[list[Message], Handout]:
+        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages
+        and the ``Handout`` whose writes (``collect_ops``: delivered marks, delivery counts,
+        dead messages, skipped corrupt records' acks) must be durable before they are handed
+        over; ``collected`` applies it once they are, ``undo_collect`` puts everything back if
+        that commit fails."""
         if flow.pending_error is not None:
             err, flow.pending_error = flow.pending_error, None
             raise err
+        handout = Handout(self.config, now, now_ns)
         if not self.config.egress_enabled:
-            return [], {}, {}
+            return [], handout
         want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow.inflight)
         if want <= 0:
-            return [], {}, {}
+            return [], handout
         core, name, qid = self.core, self.name, self.qid
         owned = sorted(core.partitions_of(flow.flow_id))
         if not owned:
-            return [], {}, {}
+            return [], handout
         flow.rr = (flow.rr + 1) % len(owned)
         out: list[Message] = []
-        marks: dict[int, tuple[int, int]] = {}
-        skipped: dict[int, list[int]] = {}
         holds = Holds(self.cutover, reader, qid) if self.cutover is not None else None
         for slot in owned[flow.rr:] + owned[:flow.rr]:
             if len(out) >= want:
@@ -307,23 +348,34 @@ class QueueDelivery:
                 if not self._fenced(reader, slot):
                     continue    # its old holder may still ack: once the move is stored
                 ps.refresh(reader.ack_state(qid, ps.sp))
-            ps.take(reader, qid, name, flow, want, out, skipped,
+            ps.take(reader, qid, name, flow, want, out, handout,
                     holds.gate(ps.sp) if holds is not None else None)
             mark = ps.mark(reader, qid)
             if mark is not None:
-                marks[ps.sp] = mark
+                handout.marks[ps.sp] = mark
         flow.inflight += len(out)
         if not out and flow.pending_error is not None:
             err, flow.pending_error = flow.pending_error, None
             raise err
-        return out, marks, skipped
+        return out, handout
 
-    def undo_collect(self, flow, msgs: list[Message], marks: dict[int, tuple]) -> None:
-        """The delivered marks could not be made durable: put the messages back."""
-        for p, (old, _new) in marks.items():
+    def undo_collect(self, flow, msgs: list[Message], handout: Handout) -> None:
+        """The writes of a collect could not be made durable: put the messages back."""
+        for p, (old, _new) in handout.marks.items():
             ps = self.part(p)
             if ps is not None:
                 ps.ack.delivered_mark = old
+        for p, counts in handout.counts.items():
+            ps = self.part(p)
+            if ps is not None:
+                for seq, n in counts:
+                    if ps.ack.failures.get(seq) == n:
+                        ps.ack.failures[seq] = n - 1
+                    ps.suspect_from = min(ps.suspect_from, seq)
+        for p in handout.unsettled:
+            ps = self.part(p)
+            if ps is not None:
+                ps.settled = True
         for m in msgs:
             ps = self.part(m.partition)
             if ps is None:
@@ -331,23 +383,42 @@ class QueueDelivery:
             if ps.inflight.pop(m.seq, None) is not None:
                 flow.inflight -= 1
             ps.next = min(ps.next, m.seq)
+        for d in handout.dead:
+            ps = self.part(d.partition)
+            if ps is not None:
+                ps.next = min(ps.next, d.seq)
 
-    def collect_ops(self, marks: dict[int, tuple], skipped: dict[int, list[int]],
-                    seen: dict[int, int] | None = None) -> list:
-        """The writes of a collect: the delivered marks (``mark_ops``) and skipped corrupt
-        records' acks."""
-        qid = self.qid
-        return (mark_ops(qid, marks, seen if seen is not None else {})
-                + [lambda w, p=p, s=seqs: w.ack(qid, p, s) for p, seqs in skipped.items()])
+    def collected(self, handout: Handout) -> None:
+        """A collect's writes are durable: dead messages are acked."""
+        self._acked_dead(handout.dead)
+
+    def _acked_dead(self, dead: list[DeadMessage]) -> None:
+        for d in dead:
+            ps = self.part(d.partition)
+            if ps is not None:
+                ps.ack.add([d.seq])
+
+    def collect_ops(self, handout: Handout, seen: dict[int, int]) -> list:
+        """The writes of a collect (``Handout.ops``)."""
+        return handout.ops(self.name, self.qid, seen)
 
     def flag_concurrent(self, msgs: list[Message], seen: dict[int, int]) -> list[Message]:
-        """After ``mark_ops`` found marks another process wrote meanwhile: those messages are
+        """After ``collect_ops`` found marks another process wrote meanwhile: those messages are
         redeliveries, and so is what this flow is given of them later."""
         for p, mark in seen.items():
             ps = self.part(p)
             if ps is not None:
                 ps.redeliver_upto = max(ps.redeliver_upto, mark)
         return flag_redelivered(msgs, seen)
+
+    def next_wake(self) -> float | None:
+        """The earliest end of a nack's delay among the partitions (None: none waits)."""
+        waits = [ps.wait_until for ps in self.parts if ps.wait_until]
+        return min(waits) if waits else None
+
+    def delayed(self, now: float) -> int:
+        """Partitions waiting out a nack's delay now (each holds back its nacked message)."""
+        return sum(1 for ps in self.parts if ps.wait_until > now)
 
     def ack(self, flow, msgs, now: float, reader) -> list:
         """Apply acks in memory and return the writes. Fencing (rule `fencing`): an ack of a message of a
@@ -451,30 +522,54 @@ class QueueDelivery:
             if slot in self.core.handoffs else []
         return ops + self._run(actions, now)
 
-    def nack(self, flow, msg: Message, now: float) -> list:
+    def nack(self, flow, msg: Message, now: float, delay: float | None = None) -> list:
         """Give ``msg`` back: it and every later in-flight message of its partition are delivered
-        again, in order, marked redelivered (rule `partition-order` holds across nacks). A nack during a
-        handoff counts like an ack towards it: the old flow no longer holds the message. Returns the
-        writes to submit."""
+        again, in order, marked redelivered (rule `partition-order` holds across nacks); only
+        ``msg`` counts a failed delivery. The partition waits ``delay`` seconds first (None: the
+        queue's redelivery delay rule). A nack during a handoff counts like an ack towards it:
+        the old flow no longer holds the message. Returns the writes to submit."""
+        ps, slot = self._held_part(flow, msg, "nacked")
+        if ps is None:
+            return []
+        failures = ps.ack.failed(msg.seq) + 1
+        if delay is None:
+            delay = redelivery_wait(self.config, failures)
+        back = ps.give_back(msg.seq, flow.flow_id, delay, now)
+        if back is None:
+            return []
+        flow.inflight -= len(back)
+        ops = [self._failures_op(ps, ps.count_lost([msg.seq]))]
+        if slot in self.core.handoffs:
+            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return ops
+
+    def reject(self, flow, msg: Message, now: float, now_ns: int) -> list:
+        """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its
+        dead message queue in one write; the rest of its partition flows on. Returns the
+        writes."""
+        ps, slot = self._held_part(flow, msg, "rejected")
+        if ps is None or ps.inflight.get(msg.seq) != flow.flow_id:
+            return []
+        del ps.inflight[msg.seq]
+        flow.inflight -= 1
+        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1)]
+        self._acked_dead(dead)
+        ops = [dead_op(self.name, self.qid, dead, now_ns)]
+        if slot in self.core.handoffs:
+            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return ops
+
+    def _held_part(self, flow, msg: Message, verb: str) -> tuple[Cursor | None, int]:
+        """The cursor of ``msg``'s partition, which ``flow`` must hold (``FlowFenced``); None
+        when the partition is gone (scaled down, access type changed)."""
         if msg.queue != self.name:
-            raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.name!r}")
+            raise InvalidAck(f"message of queue {msg.queue!r} {verb} on a flow of {self.name!r}")
         slot = self.slot_of.get(msg.partition)
         if slot is None:
-            return []     # a scale-down removed its partition, or a change of access type
+            return None, -1
         if self.core.owner[slot] != flow.flow_id:
-            raise fenced_error(self.name, flow, [msg], "nacked")
-        ps = self.parts[slot]
-        if ps.inflight.get(msg.seq) != flow.flow_id:
-            return []
-        for seq in sorted(s for s in ps.inflight if s >= msg.seq):
-            fid = ps.inflight.pop(seq)
-            if fid in self.flows:
-                self.flows[fid].inflight -= 1
-        ps.redeliver_upto = max(ps.redeliver_upto, ps.high)
-        ps.next = min(ps.next, msg.seq)
-        if slot in self.core.handoffs:
-            return self._run(self.core.acked(slot, self._outstanding(slot), now), now)
-        return []
+            raise fenced_error(self.name, flow, [msg], verb)
+        return self.parts[slot], slot
 
     def check_flow(self, flow: FlowState) -> None:
         if flow.closed_reason is not None:

@@ -69,6 +69,7 @@ class DeliveryView:
     rebalance_status: str
     slots: list[SlotView]
     flows: list[FlowStatus]
+    delayed: int = 0        # partitions of the owner waiting out a nack's delay now
 
 
 def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
@@ -86,7 +87,7 @@ def view_to_doc(view: DeliveryView, clients: dict[str, dict]) -> dict:
 def doc_to_view(doc: dict) -> DeliveryView:
     return DeliveryView(doc["mode"], doc["rebalance_status"],
                         [SlotView(**slot) for slot in doc["slots"]],
-                        [FlowStatus(**flow) for flow in doc["flows"]])
+                        [FlowStatus(**flow) for flow in doc["flows"]], int(doc.get("delayed", 0)))
 
 
 def view_of(core: Rebalancer, index: list[int], rebalance_status: str,

@@ -11,15 +11,17 @@ Thread-safety: ``encode``, ``publish_async`` and ``publish_many`` may be called 
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable
 
-from partq.config import QueueConfig
+from partq.config import MAX_TTL, QueueConfig
 from partq.core.key_hash import crc32c_of
 from partq.core.partitioners import RandomPartitioner, StickyPartitioner, make_partitioner
 from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound, queue_not_found
 from partq.message import PublishResult
 from partq.pending import Pending
+from partq.publish import quota
 from partq.publish.load_sampler import LoadSampler
 from partq.storage import crashpoints
 from partq.storage.encoding import (
@@ -49,13 +51,14 @@ class _PublishOne:
         self.publisher, self.queue, self.items = publisher, queue, items
         self.merge_key = ("publish", id(publisher), queue)
 
-    def __call__(self, w) -> PublishResult:
-        return self.publisher.place(w, self.queue, self.items)[0]
+    def __call__(self, w) -> object:    # its PublishResult, or its QueueFull (counted)
+        placed = quota.placed_or_refused(self.publisher, w, self.queue, self.items)
+        return placed[0] if type(placed) is list else placed
 
     @staticmethod
-    def run_merged(w, ops: list[_PublishOne]) -> list[PublishResult]:
+    def run_merged(w, ops: list[_PublishOne]) -> list:
         first = ops[0]
-        return first.publisher.place(w, first.queue, [op.items[0] for op in ops])
+        return first.publisher.place(w, first.queue, [op.items[0] for op in ops], each=True)
 
 
 def checkpoint_key(name: str) -> bytes:
@@ -108,24 +111,27 @@ class Publisher:
         self._configs.pop(queue, None)
 
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
-                      headers: dict | None = None) -> Pending:
+                      headers: dict | None = None, ttl: float | None = None) -> Pending:
         config = self.config(queue)
-        encoded = encode(config, ((payload, key, headers),), self.clock.wall_ns())
-        return Pending(self.store.submit(_PublishOne(self, queue, encoded)))
+        now = self.clock.wall_ns()
+        encoded = encode(config, ((payload, key, headers),), now, expiry(now, ttl))
+        return Pending(quota.RaisesRefusal(self.store.submit(_PublishOne(self, queue, encoded))))
 
-    def publish_many_async(self, queue: str, items: Iterable) -> Pending:
+    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None) -> Pending:
         """``publish_many`` without waiting: checked and encoded now, one transaction, durable
         once ``result()`` returns."""
         config = self.config(queue)
-        encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
+        now = self.clock.wall_ns()                 # one commit, one publish time
+        encoded = encode(config, items, now, expiry(now, ttl))
         if not encoded:
             return Pending(None, [])
-        return Pending(self.store.submit(lambda w: self.place(w, queue, encoded)))
+        return Pending(quota.RaisesRefusal(self.store.submit(
+            lambda w: quota.placed_or_refused(self, w, queue, encoded))))
 
     def publish_each_async(self, queue: str, items: list) -> Pending:
         """Publish independent messages in one transaction: each item's result, or the
-        ``InvalidMessage`` that refused it alone (``result()`` gives one entry per item). A
-        server coalesces its clients' single publishes this way."""
+        ``InvalidMessage`` or ``QueueFull`` that refused it alone (``result()`` gives one entry per
+        item). A server coalesces its clients' single publishes this way."""
         config = self.config(queue)
         now = self.clock.wall_ns()
         out: list = [None] * len(items)
@@ -139,20 +145,21 @@ class Publisher:
             return Pending(None, out)
 
         def op(w):
-            results = self.place(w, queue, [e for _, e in encoded])
+            results = self.place(w, queue, [e for _, e in encoded], each=True)
             for (i, _), result in zip(encoded, results, strict=True):
                 out[i] = result
             return out
         return Pending(self.store.submit(op))
 
-    def publish_many(self, queue: str, items: Iterable,
-                     checkpoint: tuple[str, int] | None = None) -> list[PublishResult]:
+    def publish_many(self, queue: str, items: Iterable, checkpoint: tuple[str, int] | None = None,
+                     ttl: float | None = None) -> list[PublishResult]:
         if checkpoint is None:
-            return self.publish_many_async(queue, items).result()
+            return self.publish_many_async(queue, items, ttl).result()
         name, position = checkpoint_position(checkpoint)
         key = checkpoint_key(name)
         config = self.config(queue)
-        encoded = encode(config, items, self.clock.wall_ns())   # one commit, one publish time
+        now = self.clock.wall_ns()                 # one commit, one publish time
+        encoded = encode(config, items, now, expiry(now, ttl))
 
         def op(w):
             config = self.config_in(w, queue)
@@ -162,9 +169,13 @@ class Publisher:
             if not config.ingress_enabled:
                 raise IngressDisabled(f"queue {queue!r} has ingress disabled: a checkpointed copy "
                                       f"would lose the batch; enable ingress and run it again")
-            w.put_queue_meta(config.qid, key, pack_u64(position))
-            return self.place(w, queue, encoded) if encoded else []
-        return self.store.write(op)
+            # over a quota, a checkpointed batch is refused even where the queue discards: a
+            # discarded one would be lost for good behind its stored position
+            placed = quota.placed_or_refused(self, w, queue, encoded, True) if encoded else []
+            if type(placed) is list:
+                w.put_queue_meta(config.qid, key, pack_u64(position))
+            return placed
+        return quota.refusal_raised(self.store.write(op))
 
     def checkpoint(self, queue: str, name: str) -> int | None:
         with self.store.read() as r:
@@ -187,12 +198,24 @@ class Publisher:
             config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
         return config
 
-    def place(self, w, queue: str, items: Encoded) -> list[PublishResult]:
+    def place(self, w, queue: str, items: Encoded, each: bool = False,
+              reject: bool = False) -> list:
         """Append encoded messages to ``queue`` in this transaction; one result per message (a
-        discarded one when ingress is off and the queue discards, rule `ingress-egress`)."""
+        discarded one when ingress is off and the queue discards, rule `ingress-egress`). Past a
+        quota (rule `quota`, ``partq.publish.quota``) all of them are refused, ``QueueFull``
+        raised before anything is written, or discarded and counted (``reject``: raised
+        whatever the queue's reject_msg_to_sender). ``each``: they are independent publishes
+        (merged single publishes, ``publish_each``); when they do not all fit, each is placed
+        alone in turn, and the result of one refused is its ``QueueFull``, counted."""
         config = self.config_in(w, queue)
         if not config.ingress_enabled:
             self._refuse(w, config, len(items))
+            return [DISCARDED] * len(items)
+        if (config.max_depth or config.max_bytes) and \
+                (full := quota.check(w, config, items)) is not None:
+            if each:
+                return quota.each_alone(self, w, queue, items)
+            quota.refuse(w, config, full, len(items), reject)
             return [DISCARDED] * len(items)
         ps, firsts = self._append(w, config, items)
         out = []
@@ -208,6 +231,10 @@ class Publisher:
         config = self.config_in(w, queue)
         if not config.ingress_enabled:
             self._refuse(w, config, len(items))
+            return 0, len(items)
+        if (config.max_depth or config.max_bytes) and \
+                (full := quota.check(w, config, items)) is not None:
+            quota.refuse(w, config, full, len(items))
             return 0, len(items)
         self._append(w, config, items)
         return len(items), 0
@@ -285,12 +312,26 @@ def _same_partitioner(a: QueueConfig, b: QueueConfig) -> bool:
         (b.partitioner, b.sticky_batch_size, b.adaptive, b.partition_availability_timeout)
 
 
-def encode(config: QueueConfig, items: Iterable, now: int) -> Encoded:
+def expiry(now_ns: int, ttl: float | None) -> int | None:
+    """When a message published at ``now_ns`` with ``ttl`` seconds to live expires (None: no
+    TTL; 0 means none too, as Solace's TTL 0 does). Raises ``InvalidConfig`` for a TTL that is
+    not a number of seconds from 0 to ``MAX_TTL``."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) \
+            or not 0 <= ttl <= MAX_TTL:
+        raise InvalidConfig(f"ttl must be a number of seconds from 0 to {MAX_TTL:g} (0: none), "
+                            f"not {ttl!r}")
+    return now_ns + int(ttl * 1e9) if ttl > 0 else None
+
+
+def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None = None) -> Encoded:
     """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
     ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
     the caller's thread; the write transaction only takes them modulo the partition count it
     sees (rule `key-hash`). The record layout is ``storage.encoding``'s; this loop is the hot path of
-    publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests)."""
+    publishing, so it inlines ``encode_record`` (same bytes, pinned by the storage tests).
+    ``expires``: the expiry time of every message (a TTL), in ns."""
     max_size, max_key, name = config.max_message_size, config.max_key_size, config.name
     pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
     if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
@@ -335,10 +376,12 @@ def encode(config: QueueConfig, items: Iterable, now: int) -> Encoded:
                 raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
             try:
                 check_headers(headers)
-                body = pack((now, key, headers, payload))
+                body = pack((now, key, headers, payload) if expires is None
+                            else (now, key, headers, payload, expires))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InvalidMessage(f"headers cannot be stored: {exc}") from None
         else:
-            body = pack((now, key, None, payload))
+            body = pack((now, key, None, payload) if expires is None
+                        else (now, key, None, payload, expires))
         append((key_hash, crc_pack(crc(body)) + body))
     return out

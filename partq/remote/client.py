@@ -226,6 +226,20 @@ class Client:
                 outbox.put({"op": "beat"})
             except OSError:
                 return
+            self._unbind_hung()
+
+    def _unbind_hung(self) -> None:
+        """Unbind the flows whose handler hangs (rule `max-poll-interval`), each in a thread
+        of its own (unbinding waits for the server's answer)."""
+        with self._lock:
+            endpoints = list(self._flows.values())
+        for endpoint in endpoints:
+            reason = endpoint.hung()
+            if reason is not None:
+                log.warning("flow %s of queue %r unbound: %s", endpoint.name or endpoint.flow_id,
+                            endpoint.queue, reason)
+                threading.Thread(target=endpoint.unbind, args=(f"unbound by the client: {reason}",),
+                                 name="partq-unbind-hung", daemon=True).start()
 
     def _lost(self, sock: socket.socket) -> None:
         with self._lock:

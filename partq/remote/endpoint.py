@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from partq import errors
 from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.errors import FlowClosed, InvalidAck, PartqError, ServerUnavailable
+from partq.flow import PollWatch
 from partq.message import FlowChangeUpdate, Message
 from partq.wire.error_frames import error_from_frame
 
@@ -117,6 +118,8 @@ class RemoteEndpoint:
         self._callback: Callable[[FlowChangeUpdate], None] | None = None
         self._error: PartqError | None = None
         self._reason: str | None = None
+        self._poll = PollWatch(time.monotonic())     # rule `max-poll-interval`
+        self._max_poll = 0.0
 
     def bind(self, hint: list[int] | None) -> None:
         """Bind the flow on the server; raises the server's error (``QueueNotFound``...)."""
@@ -130,6 +133,7 @@ class RemoteEndpoint:
         with self._cond:
             self.flow_id = str(reply["flow"])
             self._partitions = frozenset(reply["partitions"])
+            self._max_poll = float(reply.get("max_poll_interval", 0.0))
         self.client.attach(self.flow_id, self, float(reply.get("consumer_timeout", 10.0)))
 
     def rebind(self) -> None:
@@ -151,11 +155,11 @@ class RemoteEndpoint:
         with self._cond:
             if op == "deliver":
                 n = frame["n"]
-                for p, s, key, payload, headers, ts, redelivered in frame["messages"]:
+                for p, s, key, payload, headers, ts, redelivered, *count in frame["messages"]:
                     if s <= self._through.get(p, -1):
                         continue        # acked by ack_through while it was on its way
                     self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
-                                                    redelivered)))
+                                                    redelivered, count[0] if count else 1)))
             elif op == "state":
                 self._held(frozenset(frame["partitions"]))
             elif op == "event":
@@ -179,7 +183,24 @@ class RemoteEndpoint:
             self._buffer = deque((n, m) for n, m in self._buffer if m.partition in partitions)
 
     # the FlowEndpoint interface ------------------------------------------------
+    def hung(self) -> str | None:
+        """Why this flow must be unbound now (its handler hangs: rule `max-poll-interval`), or
+        None. The client's heartbeat thread asks; the server cannot tell, as its pushes keep the
+        flow busy on its side."""
+        with self._cond:
+            if self._reason is not None:
+                return None
+            return self._poll.hung(time.monotonic(), self._max_poll, len(self._unacked))
+
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
+        try:
+            self._poll.receiving += 1
+            return self._receive(max_messages, timeout)
+        finally:
+            self._poll.receiving -= 1
+            self._poll.touch(time.monotonic())
+
+    def _receive(self, max_messages: int, timeout: float) -> list[Message]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -211,6 +232,7 @@ class RemoteEndpoint:
             raise fenced_error(self.queue, self, msgs, verb)
 
     def ack_async(self, msgs: Iterable[Message]) -> RemotePending | AllOf:
+        self._poll.touch(time.monotonic())
         msgs = list(msgs)
         self._refuse(msgs, "acked")
         handles = []
@@ -244,11 +266,21 @@ class RemoteEndpoint:
                                     "partition": partition, "seq": seq},
                                    lambda frame: self._confirmed(acked))
 
-    def nack(self, msg: Message) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> None:
+        self._poll.touch(time.monotonic())
         self._refuse([msg], "nacked")
         reply = self.client.call({"op": "nack", "flow": self.flow_id,
-                                  "id": [msg.partition, msg.seq]})
-        upto = reply.get("upto", 0)
+                                  "id": [msg.partition, msg.seq], "delay": delay})
+        self._given_back(msg, reply.get("upto", 0))
+
+    def reject(self, msg: Message) -> None:
+        self._poll.touch(time.monotonic())
+        self._refuse([msg], "rejected")
+        self.client.call({"op": "reject", "flow": self.flow_id, "id": [msg.partition, msg.seq]})
+        with self._cond:
+            self._unacked.discard((msg.partition, msg.seq))
+
+    def _given_back(self, msg: Message, upto: int) -> None:
         with self._cond:       # the copies the nack gives back come again, marked
             self._buffer = deque((n, m) for n, m in self._buffer
                                  if not (n <= upto and m.partition == msg.partition
@@ -256,11 +288,11 @@ class RemoteEndpoint:
             self._unacked = {(p, s) for p, s in self._unacked
                              if not (p == msg.partition and s >= msg.seq)}
 
-    def unbind(self) -> None:
+    def unbind(self, reason: str = "unbound by the application") -> None:
         with self._cond:
             if self._reason is not None:
                 return
-            self._reason = "unbound by the application"
+            self._reason = reason
             self._buffer.clear()
         self.client.detach(self.flow_id)
         try:

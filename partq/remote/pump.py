@@ -48,9 +48,11 @@ class Pump:
         """A message as ack and nack need it (queue, partition, seq)."""
         return Message(self.flow.queue, int(partition), int(seq), None, b"", None, 0, False)
 
-    def nack(self, req, partition: int, seq: int) -> None:
-        """Queue a nack for the pump thread, which applies it between two deliver frames."""
-        self._nacks.put((req, self.message(partition, seq)))
+    def nack(self, req, partition: int, seq: int, delay: float | None = None,
+             reject: bool = False) -> None:
+        """Queue a nack (or a reject) for the pump thread, which applies it between two deliver
+        frames."""
+        self._nacks.put((req, self.message(partition, seq), delay, reject))
 
     def detach(self) -> None:
         """Drop what the pump holds of its session once the session ended."""
@@ -75,7 +77,8 @@ class Pump:
             self._sent += 1
             session.send({"op": "deliver", "flow": self.flow.flow_id, "n": self._sent,
                           "messages": [[m.partition, m.seq, m.key, m.payload, m.headers,
-                                        m.publish_time_ns, m.redelivered] for m in batch]})
+                                        m.publish_time_ns, m.redelivered, m.delivery_count]
+                                       for m in batch]})
         return True
 
     def serve(self) -> bool:
@@ -85,9 +88,12 @@ class Pump:
         if self._held and not self._push_held():
             return False        # frames received before a nack go out before it takes effect
         while not self._nacks.empty():
-            req, msg = self._nacks.get()
+            req, msg, delay, reject = self._nacks.get()
             try:
-                flow.nack(msg)
+                if reject:
+                    flow.reject(msg)
+                else:
+                    flow.nack(msg, delay)
                 session.send({"op": "ok", "req": req, "upto": self._sent})
             except PartqError as exc:
                 session.send(error_frame(exc, req=req))

@@ -9,7 +9,8 @@ One session per connection. Requests carry an id and are answered in order of co
     bind {queue, name, hint, skip_corrupt}  -> bound {flow, partitions, consumer_timeout}
     ack {flow, ids: [[partition, seq], ...]} -> ok        (after the acks are durable)
     ack_through {flow, partition, seq}      -> ok        (likewise)
-    nack {flow, id: [partition, seq]}       -> ok {upto}  (answered by the flow's pump)
+    nack {flow, id: [partition, seq], delay} -> ok {upto} (answered by the flow's pump)
+    reject {flow, id: [partition, seq]}     -> ok {upto}  (likewise)
     unbind {flow}                           -> ok
     status {queue}                          -> status {status}
     queues {}                               -> queues {queues: [name, ...]}
@@ -215,9 +216,13 @@ class Session:
                 pending = self._pump(frame).flow.ack_through(int(frame["partition"]),
                                                             int(frame["seq"]))
                 self._completions.put((req, pending, lambda _: {"op": "ok", "req": req}))
-            elif op == "nack":
+            elif op in ("nack", "reject"):
                 p, s = frame["id"]
-                self._pump(frame).nack(req, p, s)
+                delay = frame.get("delay")
+                if delay is not None and (isinstance(delay, bool)
+                                          or not isinstance(delay, (int, float))):
+                    raise FrameError(f"a nack's delay must be a number, not {delay!r}")
+                self._pump(frame).nack(req, p, s, delay, reject=op == "reject")
                 self.broker.dispatcher.notify()     # wake the pump thread to apply it
             elif op == "unbind":
                 leaving = self.flows.pop(str(frame.get("flow")), None)
@@ -260,7 +265,8 @@ class Session:
         if name is not None:
             self.server.named(queue, name, self)
         self.send({"op": "bound", "req": req, "flow": flow.flow_id,
-                   "partitions": sorted(flow.partitions), "consumer_timeout": timeout})
+                   "partitions": sorted(flow.partitions), "consumer_timeout": timeout,
+                   "max_poll_interval": self.broker.queue_config(queue).max_poll_interval})
         log.info("client %s bound flow %s of queue %r: partitions %s", self.who,
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
         self.broker.dispatcher.notify()             # the pump thread serves it from now on

@@ -17,6 +17,7 @@ from partq.errors import (
     FlowFenced,
     LockHeld,
     PartqError,
+    QueueFull,
     ScalingStepFailed,
 )
 from partq.message import Message
@@ -58,6 +59,9 @@ _BUILDERS: dict[type[PartqError], Callable[[str, dict], PartqError]] = {
     ScalingStepFailed: lambda message, frame: ScalingStepFailed(_field(frame, "step", int),
                                                                 message),
     LockHeld: lambda message, frame: LockHeld(_field(frame, "holder", str)),
+    QueueFull: lambda message, frame: QueueFull(
+        _field(frame, "queue", str), _field(frame, "limit", str), _field(frame, "limit_value", int),
+        _field(frame, "now", int)),
 }
 
 

@@ -231,3 +231,123 @@ def test_an_ack_or_nack_after_unbind_is_fenced_and_the_messages_go_to_the_next_f
     assert sorted(m.payload for m in again) == sorted(m.payload for m in got)
     assert all(m.redelivered for m in again)
     successor.ack_many(again)
+
+
+# ---------------------------------------------------------------------- lifecycle
+def dead_copies(kind: Endpoints, n: int) -> list:
+    """The ``n`` messages of the dead message queue ``dmq``, read in the owner's process."""
+    flow = kind.broker.bind("dmq")
+    try:
+        got = take(flow, n)
+        flow.ack_many(got)
+        return got
+    finally:
+        flow.unbind()
+
+
+def test_a_nack_counts_a_failed_delivery_of_that_message_only(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    keys = keys_of(0, 3)
+    kind.broker.publish_many("q", [(b"m%d" % i, k) for i, k in enumerate(keys)])
+    first = take(flow, 3)
+    assert [m.delivery_count for m in first] == [1, 1, 1]
+    flow.nack(first[0])
+    again = take(flow, 3)
+    assert [(m.seq, m.delivery_count, m.redelivered) for m in again] == \
+        [(0, 2, True), (1, 1, True), (2, 1, True)]
+    flow.ack_many(again)
+    assert nothing_more(flow)
+
+
+def test_a_poison_message_goes_to_the_dead_message_queue_and_its_partition_flows_on(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, max_redelivery=1, dead_message_queue="dmq")
+    flow = kind.bind("q")
+    keys = keys_of(2, 3)
+    kind.broker.publish_many("q", [(b"poison", keys[0], {"h": 1}), (b"ok1", keys[1]),
+                                   (b"ok2", keys[2])])
+    for count in (1, 2):
+        got = take(flow, 3)
+        assert (got[0].payload, got[0].delivery_count) == (b"poison", count)
+        flow.nack(got[0])
+    rest = take(flow, 2)
+    assert [m.payload for m in rest] == [b"ok1", b"ok2"]
+    flow.ack_many(rest)
+    (dead,) = dead_copies(kind, 1)
+    assert (dead.payload, dead.key) == (b"poison", keys[0])
+    assert {k: dead.headers[k] for k in ("h", "dead_reason", "origin_queue", "origin_partition",
+                                         "origin_seq", "delivery_count")} == \
+        {"h": 1, "dead_reason": "max_redelivery", "origin_queue": "q", "origin_partition": 2,
+         "origin_seq": 0, "delivery_count": 2}
+    assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
+
+
+def test_reject_moves_the_message_to_the_dead_message_queue_at_once(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq")
+    flow = kind.bind("q")
+    keys = keys_of(1, 2)
+    kind.broker.publish_many("q", [(b"bad", keys[0]), (b"good", keys[1])])
+    bad, good = take(flow, 2)
+    flow.reject(bad)
+    assert flow.unacked == 1
+    flow.ack(good)
+    (dead,) = dead_copies(kind, 1)
+    assert (dead.payload, dead.key, dead.headers["dead_reason"]) == (b"bad", keys[0], "rejected")
+    assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
+
+
+def test_a_nack_with_a_delay_comes_back_only_after_it(kind):
+    make_queue(kind)
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"later", key=keys_of(0, 1)[0])
+    (m,) = take(flow, 1)
+    start = time.monotonic()
+    flow.nack(m, delay=1.5)
+    (again,) = take(flow, 1)
+    assert time.monotonic() - start >= 1.4           # the delay is a rule, not a speed
+    assert (again.payload, again.delivery_count, again.redelivered) == (b"later", 2, True)
+    flow.ack(again)
+
+
+def test_an_expired_message_is_never_delivered(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq")
+    key = keys_of(0, 1)[0]
+    kind.broker.publish("q", b"stale", key=key, ttl=0.2)
+    kind.broker.publish("q", b"fresh", key=key)
+    expires = time.time() + 0.2
+    wait_until(lambda: time.time() > expires + 0.05, 5, "the TTL to pass")
+    flow = kind.bind("q")
+    (m,) = take(flow, 1)
+    assert m.payload == b"fresh"
+    flow.ack(m)
+    (dead,) = dead_copies(kind, 1)
+    assert (dead.payload, dead.headers["dead_reason"]) == (b"stale", "expired")
+
+
+def test_a_flow_whose_handler_hangs_is_unbound_and_its_messages_redelivered(kind):
+    make_queue(kind, max_poll_interval=1.0)
+    hung = kind.bind("q")
+    kind.broker.publish_many("q", [(b"m%d" % i, k) for i, k in enumerate(keys_of(0, 2))])
+    held = take(hung, 2)                  # ... and then it never calls again
+    wait_until(lambda: hung.closed, 30, "the hung flow to be unbound")
+    assert "max_poll_interval" in hung.closed_reason
+    other = kind.bind("q")
+    again = take(other, 2)
+    assert [(m.seq, m.delivery_count, m.redelivered) for m in again] == \
+        [(m.seq, 2, True) for m in held]
+    other.ack_many(again)
+
+
+def test_a_flow_that_keeps_receiving_is_not_unbound_while_it_holds_messages(kind):
+    make_queue(kind, max_poll_interval=1.0)
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"m", key=keys_of(0, 1)[0])
+    (m,) = take(flow, 1)
+    start = time.monotonic()
+    while time.monotonic() - start < 2.5:   # receives (getting nothing) past the interval
+        assert flow.receive(10, timeout=0.2) == []
+    assert not flow.closed
+    flow.ack(m)

@@ -59,10 +59,10 @@ class BrokerMachine(RuleBasedStateMachine):
         self.by_partition: dict[int, list[int]] = {}     # p -> seqs in publish order
         self.by_key: dict[str, list[tuple[int, int]]] = {}
         self.delivered: set[tuple[int, int]] = set()
+        self.counts: dict[tuple[int, int], int] = {}     # the last delivery count seen
         self.acked: set[tuple[int, int]] = set()
         self.n = 0
         self.max_unacked = 0
-        self.restarted = False
 
     # ------------------------------------------------------------------ setup
     @initialize(n=st.sampled_from([3, 2, 4, 1]), max_unacked=st.sampled_from([5, 2, 1000]),
@@ -110,8 +110,11 @@ class BrokerMachine(RuleBasedStateMachine):
             assert m.partition in parts, f"{mid} delivered to a flow not holding partition {m.partition}"
             if mid in self.delivered:
                 assert m.redelivered, f"{mid} delivered before but not marked redelivered"
+                assert m.delivery_count >= self.counts[mid], f"the delivery count of {mid} went down"
             else:
-                assert self.restarted or not m.redelivered, f"first delivery of {mid} marked redelivered"
+                # every restart here is a clean close: counts and marks stay exact (rule `delivery-count`)
+                assert not m.redelivered, f"first delivery of {mid} marked redelivered"
+                assert m.delivery_count == 1, f"first delivery of {mid} counted {m.delivery_count}"
                 earlier = [s for s in self.by_partition[m.partition] if s < m.seq]
                 missing = [s for s in earlier if (m.partition, s) not in self.delivered]
                 assert not missing, (f"first delivery of {mid} before earlier messages "
@@ -120,6 +123,7 @@ class BrokerMachine(RuleBasedStateMachine):
                     before = self.by_key[m.key][: self.by_key[m.key].index(mid)]
                     assert all(x in self.delivered for x in before), f"key order broken at {mid}"
                 self.delivered.add(mid)
+            self.counts[mid] = m.delivery_count
         got = {(m.partition, m.seq) for m in msgs}
         for other, held in self.held.items():       # the broker now counts them against `slot`
             if other != slot:
@@ -263,7 +267,6 @@ class BrokerMachine(RuleBasedStateMachine):
     def restart(self):
         before = {slot: f.partitions for slot, f in self.flows.items()}
         self.broker.close()
-        self.restarted = True
         self.clock.advance(0.5)
         self.broker = partq.Broker.open(self.dir, clock=self.clock, seed=7)
         named = sorted(s for s in self.flows if self.named[s])

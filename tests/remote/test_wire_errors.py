@@ -36,6 +36,8 @@ SAMPLES = {
                           lambda e: e.step),
     "LockHeld": (lambda: errors.LockHeld("pid 7 on h since 2024-01-01T00:00:00Z"),
                  lambda e: e.holder),
+    "QueueFull": (lambda: errors.QueueFull("orders", "max_bytes", 1 << 40, (1 << 40) - 3),
+                  lambda e: (e.queue, e.limit, e.limit_value, e.now)),
 }
 ERROR_NAMES = sorted(n for n in errors.__all__ if isinstance(getattr(errors, n), type))
 
@@ -77,13 +79,29 @@ def test_an_unknown_type_or_a_malformed_frame_gives_a_partq_error():
            {"error": "FlowFenced", "message": "m", "messages": [["q", "1", 2]]},
            {"error": "FlowFenced", "message": "m", "messages": 3},
            {"error": "ScalingStepFailed", "message": "m", "step": None},
-           {"error": "LockHeld", "message": "m"}]
+           {"error": "LockHeld", "message": "m"},
+           {"error": "QueueFull", "message": "m", "queue": "q", "limit": "max_depth"},
+           {"error": "QueueFull", "message": "m", "queue": "q", "limit": "max_depth",
+            "limit_value": "10", "now": 10}]
     for frame in bad:
         got = error_from_frame(frame)
         assert type(got) is errors.PartqError, frame
         assert str(got)
     assert str(error_from_frame({"error": "LockHeld", "message": "held by x"})) == \
         "LockHeld: held by x"
+
+
+def test_queue_full_crosses_the_wire_with_its_fields_and_words():
+    exc = errors.QueueFull("orders", "max_depth", 1000, 1000)
+    assert str(exc) == ("queue 'orders' is full: max_depth=1000 reached (1000 messages published "
+                        "and not acked); ack messages, or raise the quota with `partq queue "
+                        "update orders --max-depth N`")
+    back = through_the_wire(exc, req=3)
+    assert type(back) is partq.QueueFull and back.args == exc.args
+    assert (back.queue, back.limit, back.limit_value, back.now) == ("orders", "max_depth", 1000, 1000)
+    full = errors.QueueFull("q", "max_bytes", 4096, 4000)
+    assert "max_bytes=4096" in str(full) and "4000 bytes" in str(full) and "--max-bytes N" in str(full)
+    assert through_the_wire(full).to_frame() == full.to_frame()
 
 
 def test_every_error_class_lives_in_partq_errors():

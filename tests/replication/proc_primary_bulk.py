@@ -124,6 +124,7 @@ def main() -> int:
     # settle: stop consuming (flows stay bound), let any handoff finish, so nothing writes again
     consuming.clear()
     consumer.join()
+    broker.dispatcher.settle()   # delivery counts made exact now, as close would after the standby left
     last_head = [None]
 
     def settled() -> bool:

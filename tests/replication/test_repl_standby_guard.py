@@ -47,6 +47,7 @@ def _build_source(path) -> list[bytes]:
             msgs = flow.receive(30)
             flow.ack_many(msgs[::2])
         b.publish_many("orders", [(payload(j), None) for j in range(2000, 2050)])
+        b.dispatcher.settle()         # the commit close would make: the log holds it too
         with b.store.read() as r:
             first = r.first_change_lsn()
             entries = [] if first is None else r.changes_after(first - 1, 1 << 30, 1 << 62)

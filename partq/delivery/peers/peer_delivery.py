@@ -23,9 +23,11 @@ import threading
 import time
 
 from partq import errors
-from partq.config import QueueConfig
-from partq.delivery.cursor import flag_redelivered, mark_ops
+from partq.config import QueueConfig, redelivery_wait
+from partq.delivery.cursor import flag_redelivered
+from partq.delivery.dead_letter import dead_op, rejected
 from partq.delivery.flow_state import fenced_error, fenced_range
+from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, read_cutover
 from partq.delivery.peers.link import OwnerLink
 from partq.delivery.peers.peer_flow import PeerFlow
@@ -77,11 +79,31 @@ class PeerQueue:
     def _due_reports(self) -> list[dict]:
         """The unacked counts of flows that received, whose acks committed, or that nacked: a
         handoff waits for them, and the owner's queue status shows them."""
+        self._unbind_hung()
         with self.lock:
             done = {id(f): f for p, f in self._reports if p is None or p.done()}
             self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
             return [{"op": "outstanding", "flow": f.flow_id, "counts": f.outstanding()}
                     for f in done.values()]
+
+    def _unbind_hung(self) -> None:
+        """Unbind this process's flows whose handler hangs (rule `max-poll-interval`), each in
+        a thread of its own: unbinding asks the owner over this link."""
+        cached = self._assignment
+        interval = cached[2].config.max_poll_interval if cached is not None else 0.0
+        if not interval:
+            return
+        now = self.dispatcher.clock.now()
+        with self.lock:
+            hung = [(f, reason) for f in self.flows.values() if f.bound
+                    and (reason := f.poll.hung(now, interval, f.unacked())) is not None]
+            for flow, _ in hung:
+                flow.poll.receiving += 1          # not again while it is being unbound
+        for flow, reason in hung:
+            log.warning("queue %r: flow %s unbound: %s", self.queue, flow.name or flow.flow_id,
+                        reason)
+            threading.Thread(target=self.unbind, args=(flow, f"unbound by the broker: {reason}"),
+                             name="partq-unbind-hung", daemon=True).start()
 
     def _lost(self) -> None:
         """The owner's connection closed: take delivery over or follow the new owner."""
@@ -151,6 +173,9 @@ class PeerQueue:
         self.dispatcher.notify()
 
     # ------------------------------------------------------------------ flows
+    def now(self) -> float:
+        return self.dispatcher.clock.now()
+
     def bind(self, name: str | None, hint: list[int] | None, skip_corrupt: bool) -> PeerFlow:
         reply = self._link.request({"op": "bind", "name": name, "hint": hint,
                                "skip_corrupt": skip_corrupt})
@@ -160,11 +185,15 @@ class PeerQueue:
         self.partitions(flow)                   # noted as its hint
         return flow
 
-    def unbind(self, flow: PeerFlow) -> None:
+    def unbind(self, flow: PeerFlow, reason: str = "unbound by the application") -> None:
         with self.lock:
             if not flow.bound:
                 return
-            flow.close("unbound by the application")
+        self._settle([flow])
+        with self.lock:
+            if not flow.bound:
+                return
+            flow.close(reason)
             self.flows.pop(flow.flow_id, None)
         try:
             self._link.request({"op": "unbind", "flow": flow.flow_id})
@@ -198,8 +227,15 @@ class PeerQueue:
     def receive(self, flow: PeerFlow, max_messages: int, timeout: float) -> list[Message] | None:
         """Messages for ``flow``, waiting up to ``timeout`` s; None when it was handed over to
         this process's own delivery meanwhile."""
-        msgs = self.dispatcher.wait_for_messages(lambda n: self._collect(flow, n), max_messages,
-                                                 timeout)
+        clock, poll = self.dispatcher.clock, flow.poll
+        poll.touch(clock.now())
+        poll.receiving += 1
+        try:
+            msgs = self.dispatcher.wait_for_messages(lambda n: self._collect(flow, n),
+                                                     max_messages, timeout)
+        finally:
+            poll.receiving -= 1
+            poll.touch(clock.now())
         if msgs:
             self.dispatcher.tally.delivered(self.queue, msgs)
         return msgs
@@ -217,34 +253,34 @@ class PeerQueue:
                 want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
                 if not config.egress_enabled or want <= 0:
                     return []
-                ready = sorted(sp for slot, sp, _ in assignment.held_by(flow.flow_id)
-                               if slot not in assignment.paused)
-                if not ready:
+                held = {sp: epoch for slot, sp, epoch in assignment.held_by(flow.flow_id)
+                        if slot not in assignment.paused}
+                if not held:
                     return []
                 cutover = read_cutover(r, self.qid)
                 holds = Holds(cutover, r, self.qid) if cutover is not None else None
-                out, marks, skipped = flow.take(r, self.qid, ready, want, holds)
+                clock = self.dispatcher.clock
+                handout = Handout(config, clock.now(), clock.wall_ns())
+                out = flow.take(r, self.qid, sorted(held), want, holds, handout)
+            if handout.wake is not None:
+                self.dispatcher.wake_at(handout.wake)
             if not out:
                 flow.raise_pending_error()
-        if marks or skipped:
-            qid = self.qid
+        if not handout.empty():
             seen: dict[int, int] = {}         # marks another process wrote since the read
-            writes = mark_ops(qid, marks, seen)
-
-            def op(w):
-                for write in writes:
-                    write(w)
-                for sp, seqs in skipped.items():
-                    w.ack(qid, sp, seqs)
+            writes = handout.ops(self.queue, self.qid, seen,
+                                 lambda w, sp: self._holds(w, flow, sp, held[sp]))
             try:
-                self.store.write(op)
+                self.store.write(lambda w: [write(w) for write in writes])
             except BaseException:
                 with self.lock:
-                    flow.untake(out, marks)
+                    flow.untake(out, handout)
                 raise
-            if seen:
-                with self.lock:
+            with self.lock:
+                flow.taken(handout)
+                if seen:
                     flow.marked_elsewhere(seen)
+            if seen:
                 out = flag_redelivered(out, seen)
         if out:
             with self.lock:       # the owner shows what this flow holds (queue status)
@@ -267,6 +303,7 @@ class PeerQueue:
         commit, the write is refused whole (nothing acked, as on the owner) and the cursors of
         the batch are marked for a resync from the durable state: the in-memory acks that did
         not commit are forgotten and those messages delivered again."""
+        flow.poll.touch(self.dispatcher.clock.now())
         with self.lock:
             with self.store.read() as r:
                 self._sync(flow, r)
@@ -290,6 +327,7 @@ class PeerQueue:
 
     def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
         """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""
+        flow.poll.touch(self.dispatcher.clock.now())
         with self.lock:
             with self.store.read() as r:       # a flow that never received has no cursors yet
                 self._sync(flow, r)
@@ -313,17 +351,83 @@ class PeerQueue:
         self.dispatcher.notify()
         return pending
 
-    def nack(self, flow: PeerFlow, msg: Message) -> None:
+    def _holds(self, w, flow: PeerFlow, sp: int, epoch: int) -> bool:
+        """Whether, in write ``w``, ``flow`` still holds ``sp`` under ``epoch`` (rule
+        `fencing`): what it writes for the partition otherwise changes nothing."""
+        raw = w.queue(self.queue)
+        return raw is not None and raw["qid"] == self.qid and \
+            Assignment(QueueConfig.from_dict(raw), w.state(self.qid)).holds(flow.flow_id, sp, epoch)
+
+    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> None:
+        """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count durable,
+        fenced: a flow that lost the partition counts nothing (its next holder does)."""
+        clock = self.dispatcher.clock
+        flow.poll.touch(clock.now())
         with self.lock:
-            taken_back = flow.apply_nack(msg)
-            if taken_back:
+            with self.store.read() as r:
+                config = self._sync(flow, r).config
+            cursor = flow.cursor(msg.partition)
+            failures = (cursor.ack.failed(msg.seq) if cursor is not None else 0) + 1
+            wait = redelivery_wait(config, failures) if delay is None else delay
+            taken = flow.apply_nack(msg, wait, clock.now())
+            if taken is not None:
                 self._reports.append((None, flow))
         self.dispatcher.tally.nacked(self.queue)
-        if taken_back:
-            self.dispatcher.notify()
+        if taken is None:
+            return
+        cursor, epoch = taken
+        counts = cursor.count_lost([msg.seq])
+        qid, sp = self.qid, msg.partition
+
+        def op(w):
+            if self._holds(w, flow, sp, epoch):
+                w.set_failures(qid, sp, counts)
+        self.store.write(op)
+        if wait > 0:
+            self.dispatcher.wake_at(clock.now() + wait)
+        self.dispatcher.notify()
+
+    def reject(self, flow: PeerFlow, msg: Message) -> None:
+        """``msg`` is dead at once: acked here and appended to the dead message queue in one
+        write, fenced like an ack."""
+        flow.poll.touch(self.dispatcher.clock.now())
+        with self.lock:
+            with self.store.read() as r:
+                self._sync(flow, r)
+            taken = flow.apply_reject(msg)
+        if taken is None:
+            return
+        cursor, epoch = taken
+        dead = [rejected(msg.partition, msg.seq, cursor.ack.failed(msg.seq) + 1)]
+        write = dead_op(self.queue, self.qid, dead, self.dispatcher.clock.wall_ns(),
+                        lambda w, sp: self._holds(w, flow, sp, epoch))
+        self._submit_reported(flow, write).result()
+
+    def _settle(self, flows: list[PeerFlow]) -> None:
+        """``flows`` let their partitions go gracefully: make their delivery counts and marks
+        exact first (``PeerFlow.settle``), fenced, so the next holder counts only what they
+        really delivered. Best effort: a failure leaves the counts as after a crash."""
+        with self.lock:
+            settles = [(flow, sp, epoch, settled) for flow in flows
+                       for sp, epoch, settled in flow.settle()]
+        if not settles:
+            return
+        qid = self.qid
+
+        def op(w):
+            for flow, sp, epoch, (expected, mark, counted, counts) in settles:
+                if self._holds(w, flow, sp, epoch):
+                    w.settle(qid, sp, expected, mark, counted, counts)
+        try:
+            self.store.write(op)
+        except PartqError as exc:
+            log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
 
     def close(self) -> None:
         """This process is closing: its flows end, the owner sees the connection close."""
+        with self.lock:
+            flows = list(self.flows.values())
+        self._settle(flows)
         with self.lock:
             self._closing = True
             for flow in self.flows.values():

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Protocol
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.errors import CorruptRecord, FlowClosed, InvalidAck
-from partq.flow import FlowEndpoint
+from partq.flow import FlowEndpoint, PollWatch
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import WriteHandle
 
 if TYPE_CHECKING:
+    from partq.delivery.handout import Handout
     from partq.delivery.holds import Holds
     from partq.storage.encoding import AckState
 
-Marks = dict[int, tuple[int, int]]        # partition -> (old, new) delivered mark to write
 
 
 class PeerGroup(Protocol):
@@ -40,11 +40,16 @@ class PeerGroup(Protocol):
 
     def ack_through(self, flow: PeerFlow, partition: int, seq: int) -> WriteHandle | None: ...
 
-    def nack(self, flow: PeerFlow, msg: Message) -> None: ...
+    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> None: ...
+
+    def reject(self, flow: PeerFlow, msg: Message) -> None: ...
 
     def unbind(self, flow: PeerFlow) -> None: ...
 
     def partitions(self, flow: PeerFlow) -> frozenset[int]: ...
+
+    def now(self) -> float:
+        """The time of the group's clock."""
 
 
 class PeerFlow:
@@ -67,6 +72,7 @@ class PeerFlow:
         self._events_lock = threading.Lock()
         self._callback: Callable[[FlowChangeUpdate], None] | None = None
         self._local: FlowEndpoint | None = None       # after this process took delivery over
+        self.poll = PollWatch(group.now())            # rule `max-poll-interval`
 
     # the FlowEndpoint interface ------------------------------------------------
     @property
@@ -94,11 +100,17 @@ class PeerFlow:
             return local.ack_through(partition, seq)
         return self._group.ack_through(self, partition, seq)
 
-    def nack(self, msg: Message) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> None:
         local = self._local
         if local is not None:
-            return local.nack(msg)
-        self._group.nack(self, msg)
+            return local.nack(msg, delay)
+        self._group.nack(self, msg, delay)
+
+    def reject(self, msg: Message) -> None:
+        local = self._local
+        if local is not None:
+            return local.reject(msg)
+        self._group.reject(self, msg)
 
     def unbind(self) -> None:
         local = self._local
@@ -236,37 +248,41 @@ class PeerFlow:
         """How many more messages it may have in flight under ``limit`` (rule `max-unacked`)."""
         return limit - self._inflight
 
-    def take(self, reader, qid: int, ready: list[int], want: int,
-             holds: Holds | None) -> tuple[list[Message], Marks, dict[int, list[int]]]:
+    def take(self, reader, qid: int, ready: list[int], want: int, holds: Holds | None,
+             handout: Handout) -> list[Message]:
         """Deliver up to ``want`` messages of the ``ready`` partitions (each synced; round-robin,
-        one further each time) and count them in flight. Returns them, the delivered marks to
-        write, and per partition the corrupt records skipped (to ack durably)."""
+        one further each time) and count them in flight; what must be durable first goes in
+        ``handout``."""
         out: list[Message] = []
-        marks: Marks = {}
-        skipped: dict[int, list[int]] = {}
         self._rr = (self._rr + 1) % len(ready)
         for sp in ready[self._rr:] + ready[:self._rr]:
             if len(out) >= want:
                 break
             cursor = self._cursors[sp]
-            cursor.take(reader, qid, self.queue, self, want, out, skipped,
+            cursor.take(reader, qid, self.queue, self, want, out, handout,
                         holds.gate(sp) if holds is not None else None)
             mark = cursor.mark(reader, qid)
             if mark is not None:
-                marks[sp] = mark
+                handout.marks[sp] = mark
         self._inflight += len(out)
-        return out, marks, skipped
+        return out
 
-    def untake(self, out: list[Message], marks: Marks) -> None:
-        """The write of a receive's marks failed: ``out`` was not delivered after all."""
-        for sp, (old, _) in marks.items():
-            if sp in self._cursors:
-                self._cursors[sp].ack.delivered_mark = old
+    def untake(self, out: list[Message], handout: Handout) -> None:
+        """The write of a receive's handout failed: nothing of it happened. Its cursors are
+        rebuilt from the store before the next use."""
         for m in out:
             cursor = self._cursors.get(m.partition)
             if cursor is not None and cursor.inflight.pop(m.seq, None) is not None:
                 self._inflight -= 1
-                cursor.next = min(cursor.next, m.seq)
+        self.resync({m.partition for m in out} | set(handout.marks) | set(handout.counts)
+                    | handout.unsettled | {d.partition for d in handout.dead})
+
+    def taken(self, handout: Handout) -> None:
+        """A receive's handout is durable: its dead messages are acked."""
+        for d in handout.dead:
+            cursor = self._cursors.get(d.partition)
+            if cursor is not None:
+                cursor.ack.add([d.seq])
 
     def marked_elsewhere(self, seen: dict[int, int]) -> None:
         """Another process stored delivered marks ``seen`` (partition -> mark) since this one's
@@ -319,23 +335,49 @@ class PeerFlow:
             self._inflight -= 1
         return cursor.epoch
 
-    def apply_nack(self, msg: Message) -> bool:
+    def apply_nack(self, msg: Message, delay: float, now: float) -> tuple[Cursor, int] | None:
         """Give ``msg`` and every later message of its partition in flight back, to be delivered
-        again in order, marked. False when ``msg`` was not in flight to it (nothing changes);
-        raises ``FlowFenced`` when it does not hold the partition."""
+        again in order, marked, after ``delay`` seconds (``Cursor.give_back``). Returns the
+        cursor and the epoch it holds the partition under, None when ``msg`` was not in flight
+        to it (nothing changes); raises ``FlowFenced`` when it does not hold the partition."""
+        cursor = self._cursor_of(msg, "nacked")
+        back = cursor.give_back(msg.seq, self._flow_id, delay, now)
+        if back is None:
+            return None
+        self._inflight -= len(back)
+        return cursor, cursor.epoch
+
+    def apply_reject(self, msg: Message) -> tuple[Cursor, int] | None:
+        """Take ``msg`` out of flight to be killed; the cursor and its epoch, None when it was
+        not in flight to this flow."""
+        cursor = self._cursor_of(msg, "rejected")
+        if cursor.inflight.get(msg.seq) != self._flow_id:
+            return None
+        del cursor.inflight[msg.seq]
+        self._inflight -= 1
+        cursor.ack.add([msg.seq])
+        return cursor, cursor.epoch
+
+    def cursor(self, sp: int) -> Cursor | None:
+        return self._cursors.get(sp)
+
+    def _cursor_of(self, msg: Message, verb: str) -> Cursor:
         if msg.queue != self.queue:
-            raise InvalidAck(f"message of queue {msg.queue!r} nacked on a flow of {self.queue!r}")
+            raise InvalidAck(f"message of queue {msg.queue!r} {verb} on a flow of {self.queue!r}")
         cursor = self._cursors.get(msg.partition)
         if cursor is None:
-            raise fenced_error(self.queue, self, [msg], "nacked")
-        if cursor.inflight.get(msg.seq) != self._flow_id:
-            return False
-        for seq in sorted(s for s in cursor.inflight if s >= msg.seq):
-            del cursor.inflight[seq]
-            self._inflight -= 1
-        cursor.redeliver_upto = max(cursor.redeliver_upto, cursor.high)
-        cursor.next = min(cursor.next, msg.seq)
-        return True
+            raise fenced_error(self.queue, self, [msg], verb)
+        return cursor
+
+    def settle(self) -> list[tuple[int, int, tuple[int, int, int, list]]]:
+        """The flow lets its partitions go (unbind, close): ``(partition, epoch, settle)`` for
+        ``Writer.settle`` per cursor (``Cursor.settle_counts``)."""
+        out = []
+        for sp, cursor in self._cursors.items():
+            settled = cursor.settle_counts()
+            if settled is not None:
+                out.append((sp, cursor.epoch, settled))
+        return out
 
     def outstanding(self) -> list[list[int]]:
         """[partition, messages in flight] for each partition it delivers: what the owner
