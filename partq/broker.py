@@ -28,6 +28,7 @@ from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holde
 from partq.delivery.holds import clear_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.open_report import log_open_report
+from partq.delivery.outside import ack_op, kill_op
 from partq.delivery.saved_state import decode_state
 from partq.errors import (
     InvalidConfig,
@@ -73,6 +74,12 @@ def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
 
 
 _open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
+def _check_position(partition, seq) -> None:
+    for what, v in (("partition", partition), ("seq", seq)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidConfig(f"{what} must be an integer >= 0, not {v!r}")
 
 
 def _after_fork_in_child() -> None:
@@ -396,6 +403,24 @@ class Broker:
                                     f"delivers; ack its messages through a flow")
             return ack_parent_log(w, config.qid, seqs)
         return self._store.write(op)
+
+    def ack_message(self, queue: str, partition: int, seq: int) -> bool:
+        """Ack one message by its position, whoever holds it: an operator's way to unblock a
+        partition (``partq message ack``). Whoever delivers the partition sees it before its
+        next delivery. Returns False when it was acked already; raises ``PartitionNotFound``."""
+        self._check_writable()
+        _check_position(partition, seq)
+        return self._store.write(ack_op(self.publisher.config_in, queue, partition, seq))
+
+    def kill_message(self, queue: str, partition: int, seq: int) -> bool:
+        """Move one message by its position to the queue's dead message queue, as a reject
+        would (``dead_reason`` "rejected"; discarded and counted without one): an operator's way
+        to unblock a partition held by a message nobody can process (``partq message kill``).
+        Returns False when it was acked already; raises ``PartitionNotFound``."""
+        self._check_writable()
+        _check_position(partition, seq)
+        return self._store.write(kill_op(self.publisher.config_in, queue, partition, seq,
+                                         self.clock.wall_ns()))
 
     def scale(self, name: str, partitions: int, progress=None, online: bool = False,
               wait: bool = True) -> QueueConfig:

@@ -188,6 +188,14 @@ class Cursor:
         self.redeliver_upto = max(self.redeliver_upto, self.high)
         self.next = self.ack.floor
 
+    def take_acks(self, ack) -> list[str]:
+        """Acks were written outside delivery (``outside``): take the durable ack state
+        ``ack`` in; messages in flight that are acked now leave ``inflight``. Returns the flow
+        ids of those messages, one per message."""
+        self.refresh(ack, settled=not self.stale)
+        gone = [s for s in self.inflight if self.ack.is_acked(s)]
+        return [self.inflight.pop(s) for s in gone]
+
     def outstanding(self, flow_id: str) -> int:
         return sum(1 for f in self.inflight.values() if f == flow_id)
 

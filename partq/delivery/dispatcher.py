@@ -478,6 +478,7 @@ class Dispatcher:
                     for qd in self._runtimes.values():
                         ops += self._config_ops(qd, r, now)
                         ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
+                        ops += qd.take_outside_acks(r, now)
         for qd in self._runtimes.values():
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:

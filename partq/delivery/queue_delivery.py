@@ -29,6 +29,7 @@ from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.layout import ack_parent_log, delivery_layout, describe_mode
 from partq.delivery.moves import Moves
+from partq.delivery.outside import outside_count
 from partq.delivery.saved_state import Assignment, DeliveryView, decode_state, encode_state, view_of
 from partq.delivery.tally import Tally
 from partq.errors import FlowClosed, InvalidAck
@@ -65,6 +66,7 @@ class QueueDelivery:
                 self.parts[slot].remote_held = True
         self.flows: dict[str, FlowState] = {}   # flow id -> its delivery state
         self.config_raw = reader.queue_raw(self.name)
+        self.outside = outside_count(reader, self.qid)   # acks written outside delivery
         self._last_blob: bytes | None = blob
         self.moves = Moves(self.name, self.qid, self.core, tally or Tally(), now)   # logs, counts
         # writes from construction, submitted with the first bind
@@ -148,6 +150,26 @@ class QueueDelivery:
 
     def tick(self, now: float) -> list:
         return self._run(self.core.tick(now), now)
+
+    def take_outside_acks(self, reader, now: float) -> list:
+        """Acks written outside delivery since the last look (``outside``): take them in, so
+        nothing acked is delivered and the flows' credit and handoffs count them. Returns the
+        writes (a handoff may complete)."""
+        count = outside_count(reader, self.qid)
+        if count == self.outside:
+            return []
+        self.outside = count
+        actions = []
+        for slot, ps in enumerate(self.parts):
+            if ps.remote_held:
+                continue
+            for fid in ps.take_acks(reader.ack_state(self.qid, ps.sp)):
+                flow = self.flows.get(fid)
+                if flow is not None:
+                    flow.inflight -= 1
+            if slot in self.core.handoffs:
+                actions += self.core.acked(slot, self._outstanding(slot), now)
+        return self._run(actions, now)
 
     def cutover_ops(self, reader) -> list:
         """Once every old partition of an online scaling drained past its cut-over, the

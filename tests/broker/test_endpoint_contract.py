@@ -351,3 +351,24 @@ def test_a_flow_that_keeps_receiving_is_not_unbound_while_it_holds_messages(kind
         assert flow.receive(10, timeout=0.2) == []
     assert not flow.closed
     flow.ack(m)
+
+
+def test_an_operator_kills_or_acks_a_held_message_by_its_position(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq")
+    flow = kind.bind("q")
+    keys = keys_of(0, 4)
+    kind.broker.publish_many("q", [(b"m%d" % i, k) for i, k in enumerate(keys)])
+    held = take(flow, 2, max_messages=2)              # m0 and m1 in flight
+    assert kind.broker.kill_message("q", 0, 0) is True
+    assert kind.broker.ack_message("q", 0, 1) is True
+    assert kind.broker.kill_message("q", 0, 0) is False  # dead already
+    flow.ack(held[1])                                 # acked already: nothing to do, no error
+    rest = take(flow, 2)
+    assert [m.payload for m in rest] == [b"m2", b"m3"]
+    flow.ack_many(rest)
+    (dead,) = dead_copies(kind, 1)
+    assert (dead.payload, dead.headers["dead_reason"]) == (b"m0", "rejected")
+    with pytest.raises(partq.PartitionNotFound):
+        kind.broker.ack_message("q", 7, 0)
+    assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0

@@ -228,3 +228,16 @@ def test_the_status_counts_dead_messages_by_reason_and_delayed_partitions(open_b
     broker.close()
     st = open_broker().queue_status("jobs")   # durable counts survive the restart
     assert st.dead == {"max_redelivery": 1, "expired": 1, "rejected": 1, "discarded": 0}
+
+
+def test_an_operator_unblocks_a_partition_held_by_a_poison_message(broker):
+    setup(broker)
+    broker.publish_many("jobs", [b"poison", b"next", b"later"])
+    flow = broker.bind("jobs")
+    poison = flow.receive(1)[0]
+    assert broker.kill_message("jobs", 0, poison.seq) is True
+    assert broker.ack_message("jobs", 0, 1) is True           # "next": never delivered now
+    assert flow.unacked == 1
+    assert [m.payload for m in flow.receive(5)] == [b"later"]
+    assert flow.unacked == 1                                  # the killed one left the count
+    assert [m.payload for m in dead_letters(broker, 1)] == [b"poison"]

@@ -29,6 +29,7 @@ from partq.delivery.dead_letter import dead_op, rejected
 from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, read_cutover
+from partq.delivery.outside import outside_count
 from partq.delivery.peers.link import OwnerLink
 from partq.delivery.peers.peer_flow import PeerFlow
 from partq.delivery.saved_state import Assignment
@@ -293,6 +294,7 @@ class PeerQueue:
         assignment = self._read_assignment(r)
         qid = self.qid
         flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp))
+        flow.take_outside_acks(outside_count(r, qid), lambda sp: r.ack_state(qid, sp))
         return assignment
 
     def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None:

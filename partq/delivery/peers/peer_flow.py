@@ -73,6 +73,7 @@ class PeerFlow:
         self._callback: Callable[[FlowChangeUpdate], None] | None = None
         self._local: FlowEndpoint | None = None       # after this process took delivery over
         self.poll = PollWatch(group.now())            # rule `max-poll-interval`
+        self._outside = -1          # the count of acks written outside delivery it last saw
 
     # the FlowEndpoint interface ------------------------------------------------
     @property
@@ -238,6 +239,15 @@ class PeerFlow:
         for sp, epoch in now.items():
             if sp not in self._cursors:
                 self._cursors[sp] = Cursor(sp, ack_state(sp), epoch)
+
+    def take_outside_acks(self, count: int, ack_state: Callable[[int], AckState]) -> None:
+        """Acks were written outside delivery (``partq.delivery.outside``) when ``count``
+        differs from the count this flow last saw: take its partitions' ack state in again."""
+        if count == self._outside:
+            return
+        self._outside = count
+        for sp, cursor in self._cursors.items():
+            self._inflight -= len(cursor.take_acks(ack_state(sp)))
 
     def resync(self, partitions: Iterable[int]) -> None:
         """Acks of ``partitions`` were applied in memory but their write was refused: rebuild
