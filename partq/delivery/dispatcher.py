@@ -25,9 +25,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
+from partq.delivery.flow_service import FlowService
 from partq.delivery.flow_state import FlowState
 from partq.delivery.local_endpoint import LocalEndpoint
 from partq.delivery.lock import DeliveryLock
@@ -39,10 +40,7 @@ from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
 from partq.errors import DeliveryLocked, InvalidConfig, OwnerLost, PartqError, queue_not_found
 from partq.flow import FlowEndpoint
-from partq.message import FlowChangeUpdate, Message
 from partq.pending import WriteHandle
-from partq.storage import crashpoints
-from partq.storage.encoding import decode_meta
 
 log = logging.getLogger("partq.delivery")
 
@@ -50,7 +48,7 @@ POLL_INTERVAL = 0.02     # seconds between looks at the store for other processe
 PROCESS = f"pid {os.getpid()} on {socket.gethostname()}"
 
 
-class Dispatcher:
+class Dispatcher(FlowService):
     def __init__(self, store, clock, auto_tick: bool) -> None:
         self.store = store
         self.clock = clock
@@ -122,7 +120,7 @@ class Dispatcher:
             qd = self._runtime(queue)
             now = self.clock.now()
             with self.store.read() as r:      # a change stored since the last tick comes first
-                ops = self._config_ops(qd, r, now)
+                ops = qd.config_ops(r, now)
             if state.name is not None and qd.core.find_bound(state.name) is not None:
                 self._submit(ops)
                 raise InvalidConfig(f"a flow named {state.name!r} is already bound to "
@@ -273,125 +271,6 @@ class Dispatcher:
         self.notify()
         return lock
 
-    # ------------------------------------------------------------------ the flow interface
-    def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
-                timeout: float) -> list[Message]:
-        poll = state.poll
-        poll.touch(self.clock.now())
-        poll.receiving += 1
-        try:
-            msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
-                                          timeout)
-        finally:
-            poll.receiving -= 1
-            poll.touch(self.clock.now())
-        if msgs:
-            self.tally.delivered(qd.name, msgs)
-        return msgs if msgs is not None else []
-
-    def wait_for_messages(self, collect: Callable[[int], list[Message] | None], max_messages: int,
-                          timeout: float) -> list[Message] | None:
-        """Call ``collect(max_messages)`` until it returns messages (or None: the caller's flow
-        moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
-        could make a message deliverable."""
-        self.store.check_usable()
-        deadline = time.monotonic() + timeout
-        looked_at = None     # (generation, store version) when the logs last had nothing
-        while True:
-            now_seen = self.change_token()
-            if now_seen != looked_at or self._timer_due():
-                self.polls += 1
-                msgs = collect(max_messages)
-                if msgs is None or msgs:
-                    return msgs
-                looked_at = now_seen
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            self.wait_for_change(now_seen, remaining)
-
-    def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
-        with self._lock:
-            qd.check_flow(state)
-            timer_fut = self._submit(self._due_timer_ops())
-            with self.store.read() as r:
-                msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
-                                           self.clock.wall_ns())
-            seen: dict[int, int] = {}     # marks another process wrote since the read
-            fut = self._submit(qd.collect_ops(handout, seen))
-        if handout.wake is not None:
-            self.wake_at(handout.wake)
-        if timer_fut is not None:
-            self._commit_and_notify(timer_fut)
-        if fut is not None:
-            try:
-                fut.result()
-            except BaseException:
-                with self._lock:
-                    qd.undo_collect(state, msgs, handout)
-                raise
-            with self._lock:
-                qd.collected(handout)
-                if seen:
-                    msgs = qd.flag_concurrent(msgs, seen)
-        return msgs
-
-    def ack_async(self, qd: QueueDelivery, state: FlowState,
-                  msgs: Iterable[Message]) -> WriteHandle | None:
-        state.poll.touch(self.clock.now())
-        with self._lock:
-            with self.store.read() as r:
-                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
-        if crashpoints.ENABLED:
-            crashpoints.hit("at_ack")
-        self.notify()     # credit came back; a paused partition may have drained
-        return fut
-
-    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
-                    seq: int) -> WriteHandle | None:
-        state.poll.touch(self.clock.now())
-        with self._lock:
-            with self.store.read() as r:
-                fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
-        self.notify()
-        return fut
-
-    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
-             delay: float | None = None) -> None:
-        state.poll.touch(self.clock.now())
-        with self._lock:
-            fut = self._submit(qd.nack(state, msg, self.clock.now(), delay))
-            wake = qd.next_wake()
-        if wake is not None:
-            self.wake_at(wake)
-        self.tally.nacked(qd.name)
-        self._commit_and_notify(fut)
-
-    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
-        state.poll.touch(self.clock.now())
-        with self._lock:
-            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()))
-        self._commit_and_notify(fut)
-
-    def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
-        with self._lock:
-            if state.closed:
-                return
-            state.close("unbound by the application")
-            fut = self._submit(qd.unbind(state, self.clock.now()))
-        log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
-        self._commit_and_notify(fut)
-
-    def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]:
-        with self._lock:
-            return qd.partitions_of(state.flow_id)
-
-    def events(self, state: FlowState) -> list[FlowChangeUpdate]:
-        with self._lock:
-            out = list(state.events)
-            state.events.clear()
-            return out
-
     # ------------------------------------------------------------------ writes and wake-ups
     def _submit(self, ops: list) -> WriteHandle | None:
         """Queue ``ops`` as one write (call under the lock to keep their order)."""
@@ -476,43 +355,15 @@ class Dispatcher:
                 self._config_version = version
                 with self.store.read() as r:
                     for qd in self._runtimes.values():
-                        ops += self._config_ops(qd, r, now)
+                        ops += qd.config_ops(r, now)
                         ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
                         ops += qd.take_outside_acks(r, now)
         for qd in self._runtimes.values():
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
                 ops += qd.tick(now)
-            ops += self._unbind_hung(qd, now)
+            ops += qd.unbind_hung(now)
         return ops
-
-    @staticmethod
-    def _unbind_hung(qd: QueueDelivery, now: float) -> list:
-        """Unbind this process's flows whose handler hangs (rule `max-poll-interval`): holding
-        unacked messages, no receive, ack or nack for ``max_poll_interval``. Their messages
-        come back, counted, to whoever takes their partitions."""
-        interval = qd.config.max_poll_interval
-        ops: list = []
-        if not interval:
-            return ops
-        for state in [s for s in qd.flows.values() if s.remote is None]:
-            reason = state.poll.hung(now, interval, state.inflight)
-            if reason is not None:
-                log.warning("queue %r: flow %s unbound: %s", qd.name,
-                            state.name or state.flow_id, reason)
-                state.close(f"unbound by the broker: {reason}")
-                ops += qd.unbind(state, now)
-        return ops
-
-    @staticmethod
-    def _config_ops(qd: QueueDelivery, r, now: float) -> list:
-        """Apply the queue's stored config to its delivery runtime if it changed (in this
-        process or another) since the runtime last looked."""
-        raw = r.queue_raw(qd.name)
-        if raw is None or raw == qd.config_raw:
-            return []
-        config = QueueConfig.from_dict(decode_meta(raw, f"config of {qd.name!r}"))
-        return qd.apply_config(config, raw, r, now)
 
     def _tick_loop(self) -> None:
         """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since

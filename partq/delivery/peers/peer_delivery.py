@@ -250,7 +250,10 @@ class PeerQueue:
             flow.check_receivable()
             with self.store.read() as r:
                 assignment = self._sync(flow, r)
+                handing_off = flow.settle(self._paused(flow, assignment))
                 config = assignment.config
+                if handing_off:
+                    self._write_settles([(flow, *s) for s in handing_off])
                 want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
                 if not config.egress_enabled or want <= 0:
                     return []
@@ -288,6 +291,11 @@ class PeerQueue:
                 self._reports.append((None, flow))
         return out
 
+    @staticmethod
+    def _paused(flow: PeerFlow, assignment: Assignment) -> list[int]:
+        """The partitions ``flow`` holds that are paused for a handoff."""
+        return [sp for slot, sp, _ in assignment.held_by(flow.flow_id) if slot in assignment.paused]
+
     def _sync(self, flow: PeerFlow, r) -> Assignment:
         """The owner's assignment in read snapshot ``r``, with ``flow``'s cursors brought in
         line with it (under the lock)."""
@@ -308,9 +316,13 @@ class PeerQueue:
         flow.poll.touch(self.dispatcher.clock.now())
         with self.lock:
             with self.store.read() as r:
-                self._sync(flow, r)
+                assignment = self._sync(flow, r)
             by_sp, epochs = flow.apply_acks(msgs)
+            # a partition paused for a handoff settles with the acks that may end it
+            handing_off = flow.settle(self._paused(flow, assignment))
         if not by_sp:
+            if handing_off:
+                self._write_settles([(flow, *s) for s in handing_off])
             return None
         qid, name, flow_id = self.qid, self.queue, flow.flow_id
         by_msg = {(m.partition, m.seq): m for m in msgs}
@@ -325,6 +337,7 @@ class PeerQueue:
                 raise fenced_error(name, flow, lost, "acked")
             for sp, seqs in by_sp.items():
                 w.ack(qid, sp, seqs)
+            self._settle_op(w, [(flow, *s) for s in handing_off])
         return self._submit_reported(flow, op)
 
     def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
@@ -412,18 +425,22 @@ class PeerQueue:
         with self.lock:
             settles = [(flow, sp, epoch, settled) for flow in flows
                        for sp, epoch, settled in flow.settle()]
+        self._write_settles(settles)
+
+    def _write_settles(self, settles: list) -> None:
         if not settles:
             return
-        qid = self.qid
-
-        def op(w):
-            for flow, sp, epoch, (expected, mark, counted, counts) in settles:
-                if self._holds(w, flow, sp, epoch):
-                    w.settle(qid, sp, expected, mark, counted, counts)
         try:
-            self.store.write(op)
+            self.store.write(lambda w: self._settle_op(w, settles))
         except PartqError as exc:
             log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
+
+    def _settle_op(self, w, settles: list) -> None:
+        """``Writer.settle`` of each ``(flow, partition, epoch, settle)`` the flow still holds
+        (fenced: one that lost it changes nothing)."""
+        for flow, sp, epoch, (expected, mark, counted, counts) in settles:
+            if self._holds(w, flow, sp, epoch):
+                w.settle(self.qid, sp, expected, mark, counted, counts)
 
     def close(self) -> None:
         """This process is closing: its flows end, the owner sees the connection close."""

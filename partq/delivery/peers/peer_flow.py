@@ -379,14 +379,20 @@ class PeerFlow:
             raise fenced_error(self.queue, self, [msg], verb)
         return cursor
 
-    def settle(self) -> list[tuple[int, int, tuple[int, int, int, list]]]:
-        """The flow lets its partitions go (unbind, close): ``(partition, epoch, settle)`` for
-        ``Writer.settle`` per cursor (``Cursor.settle_counts``)."""
+    def settle(self, partitions: Iterable[int] | None = None
+               ) -> list[tuple[int, int, tuple[int, int, int, list]]]:
+        """The flow lets its partitions go (unbind, close; or ``partitions``, paused for a
+        handoff): ``(partition, epoch, settle)`` for ``Writer.settle`` per cursor
+        (``Cursor.settle_counts``). Each cursor counts as settled from now on: one that
+        delivers again (a handoff called off) says so in its next handout."""
         out = []
         for sp, cursor in self._cursors.items():
+            if partitions is not None and sp not in partitions:
+                continue
             settled = cursor.settle_counts()
             if settled is not None:
                 out.append((sp, cursor.epoch, settled))
+                cursor.settled = True
         return out
 
     def outstanding(self) -> list[list[int]]:

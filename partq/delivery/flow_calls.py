@@ -1,0 +1,333 @@
+"""What a queue's flows ask of its delivery in the process that owns it: take messages
+(``collect``, with the ``Handout`` to make durable first), ack, ack a range, nack, reject, and
+take in acks written outside delivery. ``QueueDelivery`` (``queue_delivery.py``) is built on it
+and keeps the partition assignment these calls read: its cursors, the rebalancer, the flows.
+
+Like the rest of ``QueueDelivery`` these run under the dispatcher's lock and never wait for a
+commit: they return the writes to submit."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from partq.config import QueueConfig, redelivery_wait
+from partq.core.rebalancer import Rebalancer
+from partq.delivery.cursor import Cursor, flag_redelivered
+from partq.delivery.dead_letter import DeadMessage, dead_op, rejected
+from partq.delivery.flow_state import FlowState, fenced_error, fenced_range
+from partq.delivery.handout import Handout
+from partq.delivery.holds import Cutover, Holds
+from partq.delivery.layout import ack_parent_log
+from partq.delivery.outside import outside_count
+from partq.errors import FlowClosed, InvalidAck
+from partq.message import Message
+from partq.storage.encoding import PARENT
+
+
+class FlowCalls:
+    """The flows' calls; ``QueueDelivery`` provides the state and the methods declared here."""
+
+    config: QueueConfig
+    name: str
+    qid: int
+    core: Rebalancer
+    parts: list[Cursor]
+    slot_of: dict[int, int]
+    flows: dict[str, FlowState]
+    cutover: Cutover | None
+    outside: int
+
+    def part(self, sp: int) -> Cursor | None:
+        raise NotImplementedError
+
+    def _run(self, actions: list, now: float) -> list:
+        raise NotImplementedError
+
+    def _outstanding(self, p: int) -> int:
+        raise NotImplementedError
+
+    def _fenced(self, reader, slot: int) -> bool:
+        raise NotImplementedError
+
+    def _failures_op(self, ps: Cursor, counts: list[tuple[int, int]]) -> Callable:
+        raise NotImplementedError
+
+    def take_outside_acks(self, reader, now: float) -> list:
+        """Acks written outside delivery since the last look (``outside``): take them in, so
+        nothing acked is delivered and the flows' credit and handoffs count them. Returns the
+        writes (a handoff may complete)."""
+        count = outside_count(reader, self.qid)
+        if count == self.outside:
+            return []
+        self.outside = count
+        actions = []
+        for slot, ps in enumerate(self.parts):
+            if ps.remote_held:
+                continue
+            for fid in ps.take_acks(reader.ack_state(self.qid, ps.sp)):
+                flow = self.flows.get(fid)
+                if flow is not None:
+                    flow.inflight -= 1
+            if slot in self.core.handoffs:
+                actions += self.core.acked(slot, self._outstanding(slot), now)
+        return self._run(actions, now)
+
+    def collect(self, flow, max_messages: int, reader, now: float,
+                now_ns: int) -> tuple[list[Message], Handout]:
+        """Take up to ``max_messages`` deliverable messages for ``flow``. Returns the messages
+        and the ``Handout`` whose writes (``collect_ops``: delivered marks, delivery counts,
+        dead messages, skipped corrupt records' acks) must be durable before they are handed
+        over; ``collected`` applies it once they are, ``undo_collect`` puts everything back if
+        that commit fails."""
+        if flow.pending_error is not None:
+            err, flow.pending_error = flow.pending_error, None
+            raise err
+        handout = Handout(self.config, now, now_ns)
+        if not self.config.egress_enabled:
+            return [], handout
+        want = min(max_messages, self.config.max_delivered_unacked_per_flow - flow.inflight)
+        if want <= 0:
+            return [], handout
+        core, name, qid = self.core, self.name, self.qid
+        owned = sorted(core.partitions_of(flow.flow_id))
+        if not owned:
+            return [], handout
+        flow.rr = (flow.rr + 1) % len(owned)
+        out: list[Message] = []
+        holds = Holds(self.cutover, reader, qid) if self.cutover is not None else None
+        for slot in owned[flow.rr:] + owned[:flow.rr]:
+            if len(out) >= want:
+                break
+            if slot in core.handoffs:
+                continue
+            ps = self.parts[slot]
+            if ps.stale:
+                if not self._fenced(reader, slot):
+                    continue    # its old holder may still ack: once the move is stored
+                ps.refresh(reader.ack_state(qid, ps.sp))
+            ps.take(reader, qid, name, flow, want, out, handout,
+                    holds.gate(ps.sp) if holds is not None else None)
+            mark = ps.mark(reader, qid)
+            if mark is not None:
+                handout.marks[ps.sp] = mark
+        flow.inflight += len(out)
+        if not out and flow.pending_error is not None:
+            err, flow.pending_error = flow.pending_error, None
+            raise err
+        return out, handout
+
+    def undo_collect(self, flow, msgs: list[Message], handout: Handout) -> None:
+        """The writes of a collect could not be made durable: put the messages back."""
+        for p, (old, _new) in handout.marks.items():
+            ps = self.part(p)
+            if ps is not None:
+                ps.ack.delivered_mark = old
+        for p, counts in handout.counts.items():
+            ps = self.part(p)
+            if ps is not None:
+                for seq, n in counts:
+                    if ps.ack.failures.get(seq) == n:
+                        ps.ack.failures[seq] = n - 1
+                    ps.suspect_from = min(ps.suspect_from, seq)
+        for p in handout.unsettled:
+            ps = self.part(p)
+            if ps is not None:
+                ps.settled = True
+        for m in msgs:
+            ps = self.part(m.partition)
+            if ps is None:
+                continue
+            if ps.inflight.pop(m.seq, None) is not None:
+                flow.inflight -= 1
+            ps.next = min(ps.next, m.seq)
+        for d in handout.dead:
+            ps = self.part(d.partition)
+            if ps is not None:
+                ps.next = min(ps.next, d.seq)
+
+    def collected(self, handout: Handout) -> None:
+        """A collect's writes are durable: dead messages are acked."""
+        self._acked_dead(handout.dead)
+
+    def _acked_dead(self, dead: list[DeadMessage]) -> None:
+        for d in dead:
+            ps = self.part(d.partition)
+            if ps is not None:
+                ps.ack.add([d.seq])
+
+    def collect_ops(self, handout: Handout, seen: dict[int, int]) -> list:
+        """The writes of a collect (``Handout.ops``)."""
+        return handout.ops(self.name, self.qid, seen)
+
+    def flag_concurrent(self, msgs: list[Message], seen: dict[int, int]) -> list[Message]:
+        """After ``collect_ops`` found marks another process wrote meanwhile: those messages are
+        redeliveries, and so is what this flow is given of them later."""
+        for p, mark in seen.items():
+            ps = self.part(p)
+            if ps is not None:
+                ps.redeliver_upto = max(ps.redeliver_upto, mark)
+        return flag_redelivered(msgs, seen)
+
+    def next_wake(self) -> float | None:
+        """The earliest end of a nack's delay among the partitions (None: none waits)."""
+        waits = [ps.wait_until for ps in self.parts if ps.wait_until]
+        return min(waits) if waits else None
+
+    def delayed(self, now: float) -> int:
+        """Partitions waiting out a nack's delay now (each holds back its nacked message)."""
+        return sum(1 for ps in self.parts if ps.wait_until > now)
+
+    def ack(self, flow, msgs, now: float, reader) -> list:
+        """Apply acks in memory and return the writes. Fencing (rule `fencing`): an ack of a message of a
+        partition the flow no longer holds (it moved to another flow after a handoff timed out,
+        or the flow left) changes nothing and raises ``FlowFenced``; the message belongs to the
+        partition's current flow, which gets it redelivered. A batch is taken whole or not at
+        all. Late acks of messages whose partition no longer exists change nothing either way."""
+        by_p: dict[int, list[int]] = {}     # slot -> seqs
+        slot_of, owner = self.slot_of, self.core.owner
+        stranded: list[int] = []
+        fenced: list[Message] = []
+        msgs = list(msgs)
+        for m in msgs:
+            if m.queue != self.name:
+                raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
+            slot = slot_of.get(m.partition)
+            if slot is not None and owner[slot] != flow.flow_id:
+                fenced.append(m)
+        if fenced:
+            raise fenced_error(self.name, flow, fenced, "acked")
+        for m in msgs:
+            slot = slot_of.get(m.partition)
+            if slot is None:
+                if m.partition == PARENT:
+                    stranded.append(m.seq)
+                # else removed by scaling: its messages are gone
+                continue
+            ps = self.parts[slot]
+            if ps.stale or m.seq > ps.ack.delivered_mark:
+                ps.refresh(reader.ack_state(self.qid, ps.sp),
+                           not ps.stale or self._fenced(reader, slot))
+            if m.seq > ps.ack.delivered_mark:
+                raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
+            if not ps.ack.is_acked(m.seq):
+                by_p.setdefault(slot, []).append(m.seq)
+        if stranded:
+            self._check_delivered_from_parent(flow, stranded, reader)
+        qid = self.qid
+        ops: list[Callable] = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
+        if not by_p:
+            return ops
+        for p, seqs in by_p.items():
+            ps = self.parts[p]
+            ps.ack.add(seqs)
+            for s in seqs:
+                fid = ps.inflight.pop(s, None)
+                if fid is not None and fid in self.flows:
+                    self.flows[fid].inflight -= 1
+        items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
+        ops.append(lambda w: [w.ack(qid, p, seqs) for p, seqs in items])
+        actions = []
+        for p in by_p:
+            if p in self.core.handoffs:
+                actions += self.core.acked(p, self._outstanding(p), now)
+        return ops + self._run(actions, now)
+
+    def _check_delivered_from_parent(self, flow, seqs: list[int], reader) -> None:
+        """Late acks of the parent log come from flows the change of access type unbound, and
+        name only what was delivered (at or below the parent's durable delivered mark). A flow
+        bound to the partitioned queue never received from the parent log, so its acks of it
+        are refused. Raises ``InvalidAck``: no flow can ack stranded messages nobody received."""
+        if flow.flow_id in self.flows:
+            raise InvalidAck(f"{self.name}: a flow of the partitioned queue acked the parent "
+                             f"queue's seq {seqs[0]}, which it was never given; stranded "
+                             f"messages are copied out (`partq copy-out --parent`), not acked")
+        mark = (reader.ack_state(self.qid, PARENT).delivered_mark
+                if reader.has_partition(self.qid, PARENT) else -1)
+        never = [s for s in seqs if s > mark]
+        if never:
+            raise InvalidAck(f"{self.name} parent queue seq {never[0]} was never delivered: its "
+                             f"stranded messages are copied out (`partq copy-out --parent`), "
+                             f"not acked by a flow")
+
+    def ack_through(self, flow, sp: int, seq: int, now: float, reader) -> list:
+        """Ack every message of storage partition ``sp`` up to ``seq`` (a consumer that reads a
+        range of the log itself: Spark's stream), delivered to ``flow`` or not; fenced like an
+        ack. The delivered mark moves past ``seq`` with it. Returns the writes."""
+        slot = self.slot_of.get(sp)
+        if slot is None:
+            return []                   # removed by scaling: nothing left to ack
+        if self.core.owner[slot] != flow.flow_id:
+            raise fenced_range(self.name, flow, sp, seq)
+        ps = self.parts[slot]
+        if ps.stale:
+            ps.refresh(reader.ack_state(self.qid, sp), self._fenced(reader, slot))
+        head = reader.head(self.qid, sp)
+        seq = min(seq, head - 1)
+        if seq < ps.ack.floor:
+            return []
+        ps.ack.add_through(seq)
+        ps.ack.delivered_mark = max(ps.ack.delivered_mark, seq)
+        ps.next = max(ps.next, seq + 1)
+        ps.high = max(ps.high, seq)
+        for s in [s for s in ps.inflight if s <= seq]:
+            fid = ps.inflight.pop(s)
+            if fid in self.flows:
+                self.flows[fid].inflight -= 1
+        qid = self.qid
+        ops: list[Callable] = [lambda w: w.ack_through(qid, sp, seq)]
+        actions = self.core.acked(slot, self._outstanding(slot), now) \
+            if slot in self.core.handoffs else []
+        return ops + self._run(actions, now)
+
+    def nack(self, flow, msg: Message, now: float, delay: float | None = None) -> list:
+        """Give ``msg`` back: it and every later in-flight message of its partition are delivered
+        again, in order, marked redelivered (rule `partition-order` holds across nacks); only
+        ``msg`` counts a failed delivery. The partition waits ``delay`` seconds first (None: the
+        queue's redelivery delay rule). A nack during a handoff counts like an ack towards it:
+        the old flow no longer holds the message. Returns the writes to submit."""
+        ps, slot = self._held_part(flow, msg, "nacked")
+        if ps is None:
+            return []
+        failures = ps.ack.failed(msg.seq) + 1
+        if delay is None:
+            delay = redelivery_wait(self.config, failures)
+        back = ps.give_back(msg.seq, flow.flow_id, delay, now)
+        if back is None:
+            return []
+        flow.inflight -= len(back)
+        ops = [self._failures_op(ps, ps.count_lost([msg.seq]))]
+        if slot in self.core.handoffs:
+            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return ops
+
+    def reject(self, flow, msg: Message, now: float, now_ns: int) -> list:
+        """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its
+        dead message queue in one write; the rest of its partition flows on. Returns the
+        writes."""
+        ps, slot = self._held_part(flow, msg, "rejected")
+        if ps is None or ps.inflight.get(msg.seq) != flow.flow_id:
+            return []
+        del ps.inflight[msg.seq]
+        flow.inflight -= 1
+        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1)]
+        self._acked_dead(dead)
+        ops = [dead_op(self.name, self.qid, dead, now_ns)]
+        if slot in self.core.handoffs:
+            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return ops
+
+    def _held_part(self, flow, msg: Message, verb: str) -> tuple[Cursor | None, int]:
+        """The cursor of ``msg``'s partition, which ``flow`` must hold (``FlowFenced``); None
+        when the partition is gone (scaled down, access type changed)."""
+        if msg.queue != self.name:
+            raise InvalidAck(f"message of queue {msg.queue!r} {verb} on a flow of {self.name!r}")
+        slot = self.slot_of.get(msg.partition)
+        if slot is None:
+            return None, -1
+        if self.core.owner[slot] != flow.flow_id:
+            raise fenced_error(self.name, flow, [msg], verb)
+        return self.parts[slot], slot
+
+    def check_flow(self, flow: FlowState) -> None:
+        if flow.closed_reason is not None:
+            raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"
+                             f"{': ' + flow.closed_reason if flow.closed_reason else ''}; bind again")

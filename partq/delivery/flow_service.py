@@ -1,0 +1,173 @@
+"""The flow interface of ``Dispatcher``: what a ``LocalEndpoint`` calls for a flow bound in the
+process that owns its queue's delivery (``FlowDelivery``): receive (waiting for messages),
+ack, ack a range, nack, reject, unbind. ``Dispatcher`` provides the lock, the store, the clock
+and the write submissions these use (declared here)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from partq.delivery.flow_state import FlowState
+from partq.delivery.queue_delivery import QueueDelivery
+from partq.delivery.tally import Tally
+from partq.message import FlowChangeUpdate, Message
+from partq.pending import WriteHandle
+from partq.storage import crashpoints
+
+log = logging.getLogger("partq.delivery")
+
+
+class FlowService:
+    """The flows' calls, under the dispatcher's lock; writes are waited for outside it."""
+
+    store: Any
+    clock: Any
+    tally: Tally
+    polls: int
+    _lock: threading.RLock
+
+    def _submit(self, ops: list) -> WriteHandle | None:
+        raise NotImplementedError
+
+    def _commit_and_notify(self, fut) -> None:
+        raise NotImplementedError
+
+    def _due_timer_ops(self) -> list:
+        raise NotImplementedError
+
+    def _timer_due(self) -> bool:
+        raise NotImplementedError
+
+    def change_token(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def wait_for_change(self, token: tuple[int, int], timeout: float) -> None:
+        raise NotImplementedError
+
+    def notify(self) -> None:
+        raise NotImplementedError
+
+    def wake_at(self, when: float) -> None:
+        raise NotImplementedError
+
+    def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
+                timeout: float) -> list[Message]:
+        poll = state.poll
+        poll.touch(self.clock.now())
+        poll.receiving += 1
+        try:
+            msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
+                                          timeout)
+        finally:
+            poll.receiving -= 1
+            poll.touch(self.clock.now())
+        if msgs:
+            self.tally.delivered(qd.name, msgs)
+        return msgs if msgs is not None else []
+
+    def wait_for_messages(self, collect: Callable[[int], list[Message] | None], max_messages: int,
+                          timeout: float) -> list[Message] | None:
+        """Call ``collect(max_messages)`` until it returns messages (or None: the caller's flow
+        moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
+        could make a message deliverable."""
+        self.store.check_usable()
+        deadline = time.monotonic() + timeout
+        looked_at = None     # (generation, store version) when the logs last had nothing
+        while True:
+            now_seen = self.change_token()
+            if now_seen != looked_at or self._timer_due():
+                self.polls += 1
+                msgs = collect(max_messages)
+                if msgs is None or msgs:
+                    return msgs
+                looked_at = now_seen
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self.wait_for_change(now_seen, remaining)
+
+    def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
+        with self._lock:
+            qd.check_flow(state)
+            timer_fut = self._submit(self._due_timer_ops())
+            with self.store.read() as r:
+                msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
+                                           self.clock.wall_ns())
+            seen: dict[int, int] = {}     # marks another process wrote since the read
+            fut = self._submit(qd.collect_ops(handout, seen))
+        if handout.wake is not None:
+            self.wake_at(handout.wake)
+        if timer_fut is not None:
+            self._commit_and_notify(timer_fut)
+        if fut is not None:
+            try:
+                fut.result()
+            except BaseException:
+                with self._lock:
+                    qd.undo_collect(state, msgs, handout)
+                raise
+            with self._lock:
+                qd.collected(handout)
+                if seen:
+                    msgs = qd.flag_concurrent(msgs, seen)
+        return msgs
+
+    def ack_async(self, qd: QueueDelivery, state: FlowState,
+                  msgs: Iterable[Message]) -> WriteHandle | None:
+        state.poll.touch(self.clock.now())
+        with self._lock:
+            with self.store.read() as r:
+                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
+        if crashpoints.ENABLED:
+            crashpoints.hit("at_ack")
+        self.notify()     # credit came back; a paused partition may have drained
+        return fut
+
+    def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
+                    seq: int) -> WriteHandle | None:
+        state.poll.touch(self.clock.now())
+        with self._lock:
+            with self.store.read() as r:
+                fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
+        self.notify()
+        return fut
+
+    def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
+             delay: float | None = None) -> None:
+        state.poll.touch(self.clock.now())
+        with self._lock:
+            fut = self._submit(qd.nack(state, msg, self.clock.now(), delay))
+            wake = qd.next_wake()
+        if wake is not None:
+            self.wake_at(wake)
+        self.tally.nacked(qd.name)
+        self._commit_and_notify(fut)
+
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+        state.poll.touch(self.clock.now())
+        with self._lock:
+            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()))
+        self._commit_and_notify(fut)
+
+    def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
+        with self._lock:
+            if state.closed:
+                return
+            state.close("unbound by the application")
+            fut = self._submit(qd.unbind(state, self.clock.now()))
+        log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
+        self._commit_and_notify(fut)
+
+    def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]:
+        with self._lock:
+            return qd.partitions_of(state.flow_id)
+
+    def events(self, state: FlowState) -> list[FlowChangeUpdate]:
+        with self._lock:
+            out = list(state.events)
+            state.events.clear()
+            return out
+
