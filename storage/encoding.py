@@ -39,10 +39,15 @@ import msgpack
 from partq.storage.errors import PARENT as PARENT  # re-exported: the parent queue's log
 from partq.storage.errors import CorruptRecord, CorruptStore
 
-FORMAT_VERSION = 2
+# Format 3 (delivery counts in ack states, TTLs in records) reads every store of format 2 as it
+# is; a process that writes to a format-2 store stamps it 3 first, so that a partq of format 2
+# refuses it with FormatVersionMismatch instead of finding ack states and records it cannot read.
+FORMAT_VERSION = 3
+READS_FORMATS = (2, 3)
 CHUNK_RECORDS = 512          # records per chunk at most
 CHUNK_BYTES = 256 << 10      # a chunk closes once its records reach this size
 FORMAT_STAMP = b"partq-format/%d" % FORMAT_VERSION
+READABLE_STAMPS = frozenset(b"partq-format/%d" % v for v in READS_FORMATS)
 
 _LOG_KEY = struct.Struct(">IIQ")
 _PART_KEY = struct.Struct(">II")

@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION
+from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION, READABLE_STAMPS
 from partq.storage.errors import CorruptStore, FormatVersionMismatch, NotAPartqStore
 from partq.storage.files import chmod_own
 from partq.storage.lmdb_errors import Step, translated
@@ -147,7 +147,20 @@ class Opening:
                     self.report.created = True
                 else:
                     self._check_stamp(bytes(stamp))
+                    if bytes(stamp) != FORMAT_STAMP:
+                        txn.put(b"format", FORMAT_STAMP, db=dbs["meta"])    # upgraded
         return dbs
+
+    def stamp_current(self, env: lmdb.Environment, dbs: dict[str, Any]) -> None:
+        """Before the first write of this process to a store of an older format it reads:
+        stamp it with the current format (what it writes from now on, the older partq that
+        wrote it would misread)."""
+        with translated(self.path, Step.WRITE):
+            with begin_adopting(env, write=True) as txn:
+                stamp = txn.get(b"format", db=dbs["meta"])
+                if stamp is not None and bytes(stamp) != FORMAT_STAMP:
+                    self._check_stamp(bytes(stamp))
+                    txn.put(b"format", FORMAT_STAMP, db=dbs["meta"])
 
     def _check_env(self, env: lmdb.Environment) -> lmdb.Environment:
         info, psize = env.info(), env.stat()["psize"]
@@ -171,11 +184,11 @@ class Opening:
         return keys
 
     def _check_stamp(self, stamp: bytes) -> None:
-        if stamp != FORMAT_STAMP:
+        if stamp not in READABLE_STAMPS:
             raise FormatVersionMismatch(
                 f"{self.path} was written in on-disk format {stamp.decode(errors='replace')!r}; "
-                f"this partq reads format {FORMAT_VERSION}: open it with the partq version "
-                f"that wrote it, or export it with that version's `partq copy-out`")
+                f"this partq reads format {FORMAT_VERSION} (and 2): open it with the partq "
+                f"version that wrote it, or export it with that version's `partq copy-out`")
 
 
 def begin_adopting(env: lmdb.Environment, write: bool = False) -> lmdb.Transaction:

@@ -161,6 +161,7 @@ class Store(CommitHooks):
                 env = self._opening.open_env(map_size, readonly=False)
                 try:
                     dbs = self._opening.open_dbs(env)
+                    self._opening.stamp_current(env, dbs)
                 except BaseException:
                     env.close()
                     raise
