@@ -100,7 +100,9 @@ def top(app: App, queues: tuple[str, ...], interval: float, count: int | None,
         out: Output) -> None:
     """A live view of QUEUES (default: every queue), refreshed every second: queues, partitions
     (depth, status, owning flow), flows (process, unacked, ack rate) and replication, with
-    publish and ack rates between refreshes. Press q to quit.
+    publish and ack rates between refreshes; dead messages by reason, partitions waiting out a
+    nack's delay and publishes the quota refused or discarded, of the queues that have any.
+    Press q to quit.
 
     It only reads: it runs in any process beside the broker's, as any user who may read the
     directory (--read-only), or against `partq serve --listen` with --address. With --json it

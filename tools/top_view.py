@@ -1,5 +1,7 @@
 """What ``partq top`` draws: rich tables of queues, partitions, flows, replication and the store,
-from a ``partq.metrics.sampling.Snapshot`` and the rates since the one before."""
+from a ``partq.metrics.sampling.Snapshot`` and the rates since the one before. Dead messages,
+nack delays and quotas get a table of their own, of the queues that have any (the queues table
+fills 80 columns already)."""
 from __future__ import annotations
 
 import time
@@ -8,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from partq.metrics.sampling import Rates, Snapshot, flow_unacked
+from partq.metrics.sampling import Rates, Snapshot, dead_total, flow_unacked
 from partq.storage.encoding import PARENT
 from partq.tools.output import human_size, printable
 
@@ -42,6 +44,9 @@ def render(snap: Snapshot, r: Rates, interval: float, max_partitions: int) -> Gr
         ("partq top", "bold"), f"  {snap.source}  ",
         (time.strftime("%H:%M:%S"), "dim"), f"  every {interval:g} s  ", ("q quits", "dim"))]
     parts.append(_queues(snap, r))
+    lifecycle = _lifecycle(snap)
+    if lifecycle is not None:
+        parts.append(lifecycle)
     for name, error in sorted(snap.errors.items()):
         parts.append(Text(printable(f"queue {name}: {error}"), style="red"))
     for q in snap.queues:        # a stopped delivery owner, an interrupted scaling
@@ -70,6 +75,26 @@ def _queues(snap: Snapshot, r: Rates) -> Table:
     if not snap.queues and not snap.errors:
         t.add_row("(no queues)")
     return t
+
+
+LIFECYCLE_NOTE = "NO DMQ: dead, discarded (no dead message queue); REFUSED, DISCARDED: by quota"
+
+
+def _lifecycle(snap: Snapshot) -> Group | None:
+    """Dead messages by reason, delayed partitions and the quota's refusals and discards, of
+    the queues where any is not 0 (None when no queue has any)."""
+    t = _table("dead messages, nack delays, quotas", "QUEUE", "DEAD", "REDELIV", "EXPIRED",
+               "REJECTED", "NO DMQ", "DELAYED", "REFUSED", "DISCARDED")
+    shown = 0
+    for q in snap.queues:
+        dead = dead_total(q)
+        if not (dead or q.delayed or q.quota_refused or q.quota_discarded):
+            continue
+        t.add_row(q.name, f"{dead:,}", *(f"{q.dead.get(k, 0):,}" for k in (
+            "max_redelivery", "expired", "rejected", "discarded")),
+            f"{q.delayed:,}", f"{q.quota_refused:,}", f"{q.quota_discarded:,}")
+        shown += 1
+    return Group(t, Text(LIFECYCLE_NOTE, style="dim")) if shown else None
 
 
 def _partitions(snap: Snapshot, r: Rates, most: int) -> Table:

@@ -6,7 +6,8 @@ Three kinds of numbers, told apart in the docs:
 * state, from the store and the delivery view of any process: depths, backlog bytes, statuses,
   flows, unacked counts, replication lag, store sizes;
 * durable counters, from the store (``durable``): published, acked, discarded, rebalances,
-  handoffs. They survive restarts and agree in every process that reads the directory;
+  handoffs, dead messages, quota refusals and discards. They survive restarts and agree in
+  every process that reads the directory;
 * process counters, from this process's ``Tally``: messages its flows received, redeliveries
   among them, nacks (Prometheus treats their reset at a restart as counters do).
 
@@ -23,11 +24,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 import partq
+from partq.delivery.dead_letter import REASONS as DEAD_REASONS
 from partq.errors import PartqError
 from partq.metrics.backlog import BacklogBytes
 from partq.metrics.durable import queue_counts
 from partq.states import PartitionState, RebalanceState, ScalingState
-from partq.storage.encoding import PARENT
+from partq.storage.encoding import PARENT, unpack_u64
+from partq.storage.writer import QUEUE_BYTES
 
 log = logging.getLogger("partq.metrics")
 
@@ -44,6 +47,14 @@ def partition_label(p: int) -> str:
 def flow_label(name: str | None, flow_id: str) -> str:
     """A flow's ``flow`` label: its name (stable across rebinds and restarts), else its id."""
     return name or flow_id
+
+
+def _stored_bytes(r, qid: int, backlog: dict[int, int]) -> int:
+    """Bytes of queue ``qid``'s stored log: the counter a queue with ``max_bytes`` keeps (what
+    its quota checks; one read), else the backlog bytes just measured per partition (no read:
+    ``partq.publish.quota.stored_bytes`` would scan every chunk of such a queue)."""
+    raw = r.queue_meta(qid, QUEUE_BYTES)
+    return sum(backlog.values()) if raw is None else unpack_u64(raw)
 
 
 class _Families:
@@ -108,6 +119,7 @@ class BrokerCollector(Collector):
             counts = queue_counts(r, config)
             backlog = {p.partition: self._backlog.measure(r, config.qid, p.partition, p.ack_floor)
                        for p in st.partitions}
+            stored = _stored_bytes(r, config.qid, backlog)
         seen.update((config.qid, p) for p in backlog)
         g, c = fams.gauge, fams.counter
         g("partq_queue_up", "1 when the queue's status could be read", ("queue",)).add_metric(q, 1)
@@ -143,8 +155,34 @@ class BrokerCollector(Collector):
                      "(max_handoff_time), source_left, cancelled (durable)", ("queue", "outcome"))
         for outcome, n in counts.handoffs.items():
             handoffs.add_metric([config.name, outcome], n)
+        self._lifecycle(fams, config, st, stored)
         self._partitions(fams, config.name, st, counts, backlog)
         self._flows(fams, config.name, st)
+
+    def _lifecycle(self, fams: _Families, config, st, stored: int) -> None:
+        """Dead messages, quotas and nack delays (rules `dead-messages`, `quota`,
+        `retry-delay`): from the queue's status and config, read for the rest of the scrape
+        anyway, and ``stored`` (``_stored_bytes``)."""
+        g, c = fams.gauge, fams.counter
+        q = [config.name]
+        dead = c("partq_dead_messages", "Dead messages by reason: max_redelivery, expired, "
+                 "rejected (durable)", ("queue", "reason"))
+        for reason in DEAD_REASONS:
+            dead.add_metric([config.name, reason], st.dead.get(reason, 0))
+        c("partq_dead_messages_discarded", "Dead messages discarded for want of a dead message "
+          "queue (durable)", ("queue",)).add_metric(q, st.dead.get("discarded", 0))
+        c("partq_quota_refused", "Messages whose publish the queue's quota refused with QueueFull "
+          "(durable)", ("queue",)).add_metric(q, st.quota_refused)
+        c("partq_quota_discarded", "Messages the queue's quota discarded (reject_msg_to_sender "
+          "off; durable)", ("queue",)).add_metric(q, st.quota_discarded)
+        g("partq_delayed_partitions", "Partitions waiting out a nack's delay now (the delivery "
+          "owner's)", ("queue",)).add_metric(q, st.delayed)
+        g("partq_queue_max_depth", "The queue's max_depth quota: messages published and not "
+          "acked (0: none)", ("queue",)).add_metric(q, config.max_depth)
+        g("partq_queue_max_bytes", "The queue's max_bytes quota: bytes of its stored log (0: "
+          "none)", ("queue",)).add_metric(q, config.max_bytes)
+        g("partq_queue_stored_bytes", "Bytes of the queue's stored log, as max_bytes counts them",
+          ("queue",)).add_metric(q, stored)
 
     def _partitions(self, fams: _Families, queue: str, st, counts, backlog: dict[int, int]) -> None:
         g = fams.gauge

@@ -100,7 +100,8 @@ def as_doc(snap: Snapshot, r: Rates) -> dict:
     """One snapshot and its rates as a JSON-ready dict (``partq top --json``)."""
     return {
         "source": snap.source,
-        "queues": [{**q.as_dict(), "published_per_s": r.published.get(q.name, 0.0),
+        "queues": [{**q.as_dict(), "dead_total": dead_total(q),
+                    "published_per_s": r.published.get(q.name, 0.0),
                     "acked_per_s": r.acked.get(q.name, 0.0)} for q in snap.queues],
         "partition_rates": [{"queue": q, "partition": p, "published_per_s": v,
                              "acked_per_s": r.partition_acked.get((q, p), 0.0)}
@@ -108,6 +109,12 @@ def as_doc(snap: Snapshot, r: Rates) -> dict:
         "flow_rates": [{"queue": q, "flow": f, "acked_per_s": v}
                        for (q, f), v in sorted(r.flow_acked.items())],
         "errors": snap.errors, "replication": snap.replication, "store": snap.store}
+
+
+def dead_total(q: QueueStatus) -> int:
+    """Dead messages of the queue, every reason ("discarded" counts some of them again: those
+    that had no dead message queue to go to)."""
+    return sum(n for reason, n in q.dead.items() if reason != "discarded")
 
 
 def flow_unacked(q: QueueStatus, f: FlowStatus) -> int:
