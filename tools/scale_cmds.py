@@ -1,4 +1,6 @@
-"""``partq scale``: the seven-step partition-scaling procedure, printed step by step.
+"""``partq scale``: change a queue's partition count, online (the default: ingress stays on, per-key
+order kept, nothing published lost) or by the seven-step offline procedure, printed step by
+step.
 
 The procedure itself is ``partq.scaling``; this module prints it (lines, or one JSON object per
 step with --json). SIGINT, SIGTERM and SIGHUP stop it between steps or while a step waits, with
@@ -14,6 +16,8 @@ from typing import Any
 import click
 
 from partq import scaling
+from partq.storage.encoding import unpack_u64
+from partq.storage.txn import QUEUE_REMOVED
 from partq.tools.common import App, confirm, pass_app, require, stop_on_signals
 from partq.tools.output import Output, output_options
 
@@ -96,31 +100,40 @@ class JsonReporter(scaling.Reporter):
 @click.option("--standby-timeout", type=float, default=300.0, show_default=True,
               help="Seconds steps 3 and 6 wait for a DR-standby.")
 @click.option("--no-drain", is_flag=True,
-              help="Skip step 2: messages left in removed partitions are deleted.")
-@click.option("--online", is_flag=True,
-              help="Keep ingress on and per-key order: skip steps 1-3 and 7.")
+              help="Offline: skip step 2, deleting messages left in removed partitions.")
+@click.option("--online/--offline", default=True, show_default=True,
+              help="Online keeps ingress on and per-key order (steps 1-3 and 7 skipped); "
+                   "offline runs all seven steps, ingress off meanwhile.")
+@click.option("--allow-discard", is_flag=True,
+              help="Offline: run although the queue discards publishes while its ingress is "
+                   "off (they are lost).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @output_options
 @pass_app
 def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeout: float,
           rebalance_timeout: float, standby_timeout: float, no_drain: bool, online: bool,
-          yes: bool, out: Output) -> None:
-    """Change the partition count of QUEUE by the seven-step procedure.
+          allow_discard: bool, yes: bool, out: Output) -> None:
+    """Change the partition count of QUEUE, online unless --offline.
 
-    1 disable ingress, 2 wait until every partition is drained, 3 wait for the DR-standby,
-    4 change the count (decreasing deletes the highest-numbered partitions first, with their
-    messages), 5 wait for the rebalance, 6 wait for the DR-standby again, 7 enable ingress.
+    Online (the default) keeps ingress on: a message published after the change whose key
+    moved to another partition is delivered only once its old partition has been acked up to
+    the change, so per-key order holds (`partq queue show` lists what waits). Scaling down
+    online loses nothing: the removed partitions take no new publishes, are still delivered,
+    and are removed once every message of theirs is acked; the command waits for that and
+    shows what is left.
+
+    --offline runs the seven-step procedure: 1 disable ingress, 2 wait until every partition
+    is drained, 3 wait for the DR-standby, 4 change the count (decreasing deletes the
+    highest-numbered partitions, with what is left in them), 5 wait for the rebalance, 6 wait
+    for the DR-standby again, 7 enable ingress. While ingress is off the queue discards
+    publishes unless it rejects them (`partq queue update QUEUE --reject-when-shutdown on`):
+    --offline refuses to start on a queue that would discard, unless --allow-discard.
 
     A step that times out, Ctrl-C, SIGTERM or SIGHUP restore ingress and end with exit status
     1. A procedure killed outright (SIGKILL, a crash) is recorded in the store: `partq queue
-    show` warns about it, the same command run again resumes it, and --abort undoes it. An
-    exclusive (non-partitioned) queue is refused: make it non-exclusive first.
-
-    --online keeps ingress on: a message published after the change whose key moved to another
-    partition is delivered only once its old partition has been acked up to the change, so
-    per-key order holds (`partq queue show` lists what waits). Scaling down online loses
-    nothing: the removed partitions take no new publishes, are still delivered, and are removed
-    once every message of theirs is acked; the command waits for that and shows what is left.
+    show` warns about it, the same command run again resumes it (in the mode it was started
+    in), and --abort undoes it. An exclusive (non-partitioned) queue is refused: make it
+    non-exclusive first.
     """
     if abort:
         if partitions is not None:
@@ -152,25 +165,47 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
             return
         loss = (f", and messages left in partitions {partitions} to {config.partitions - 1} are "
                 f"deleted" if partitions < config.partitions and no_drain else "")
-        if earlier is not None and earlier.to_partitions == partitions:
+        resuming = earlier is not None and earlier.to_partitions == partitions
+        if resuming:
+            assert earlier is not None
+            online = earlier.online          # resumed as it was started
             question = f"Resume the interrupted scaling of queue {queue!r} to {partitions} partitions?"
         elif online:
-            doomed = (sum(p.depth for p in broker.queue_status(queue).partitions
-                          if p.partition >= partitions) if partitions < config.partitions else 0)
+            require(not no_drain, "--no-drain applies to --offline only: an online scale-down "
+                                  "deletes nothing")
+            retired = (f"; partitions {partitions} to {config.partitions - 1} take no new "
+                       f"messages and are removed once drained" if partitions < config.partitions
+                       else "")
             question = (f"Scale queue {queue!r} online from {config.partitions} to {partitions} "
-                        f"partitions? Ingress stays on"
-                        + (f"; the {doomed} messages now in partitions {partitions} to "
-                           f"{config.partitions - 1} are deleted" if doomed else "") + ".")
+                        f"partitions? Ingress stays on{retired}.")
         else:
+            require(allow_discard or scaling.publishes_while_ingress_off(config) == "rejected",
+                    f"the offline procedure turns ingress off, and queue {queue!r} then DISCARDS "
+                    f"publishes (lost, counted); scale online (leave out --offline), or make it "
+                    f"reject them first (`partq queue update {queue} --reject-when-shutdown "
+                    f"on`), or pass --allow-discard")
             question = (f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
                         f"Its ingress is disabled until the procedure ends"
                         f"{loss}; meanwhile {scaling.describe_ingress_off(config)}.")
         confirm(yes, question, f"pass --yes to scale queue {queue!r}")
         reporter = JsonReporter(out) if out.json else HumanReporter(out)
+        removed_before = removed_messages(broker, queue)
         with stop_on_signals() as stop:
             summary = scaling.run(broker, queue, partitions, drain=not no_drain,
                                   drain_timeout=drain_timeout, rebalance_timeout=rebalance_timeout,
                                   standby_timeout=standby_timeout, reporter=reporter,
                                   stop=stop.is_set, online=online)
+        removed_after = removed_messages(broker, queue)
+    deleted = removed_after - removed_before      # --json: step 2's deleted_at_step_4
     out.echo(f"queue {queue!r} scaled from {summary['from']} to {summary['to']} partitions in "
-             f"{summary['seconds']:.3f} s")
+             f"{summary['seconds']:.3f} s" + (f"; {deleted} message(s) left in removed partitions "
+                                              f"were deleted" if deleted else ""))
+
+
+def removed_messages(broker, queue: str) -> int:
+    """Messages of ``queue`` dropped unacked with their partitions so far (a count the store
+    keeps: ``QUEUE_REMOVED``)."""
+    qid = broker.queue_config(queue).qid
+    with broker.store.read() as r:
+        raw = r.queue_meta(qid, QUEUE_REMOVED)
+    return 0 if raw is None else unpack_u64(raw)

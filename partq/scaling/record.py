@@ -57,7 +57,7 @@ class Procedure:
         ingress = ("ingress was never turned off (online)" if self.online else
                    "ingress is OFF: publishes are refused or discarded" if self.step < 7 or
                    not self.ingress_before else "ingress may still be off")
-        online = " --online" if self.online else ""
+        online = "" if self.online else " --offline"
         return (f"{text}; {ingress}; finish it with `partq scale {self.queue} --partitions "
                 f"{self.to_partitions}{online}`, or undo it with `partq scale {self.queue} "
                 f"--abort`")

@@ -19,7 +19,8 @@ import partq
 
 def _start_scale(script: str, data: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([script, "--data", data, "scale", "q", "--partitions", "4", "--yes",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--offline", "--allow-discard", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _queue_with_backlog(data: str) -> None:
@@ -93,7 +94,8 @@ def test_a_scale_killed_inside_the_count_change_is_finished_by_a_rerun(partq_scr
         broker.create_queue("q", partitions=2)
     env = {**os.environ, "PARTQ_CRASH_AT": "during_scaling:1"}
     proc = subprocess.run([partq_script, "--data", data, "scale", "q", "--partitions", "4",
-                           "--yes"], capture_output=True, text=True, timeout=60, env=env)
+                           "--yes", "--offline", "--allow-discard"], capture_output=True,
+                          text=True, timeout=60, env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not _ingress(data)
     rerun = run_script(partq_script, data, "scale", "q", "--partitions", "4", "--yes", "--json")
@@ -121,7 +123,8 @@ def test_abort_undoes_a_killed_scale(partq_script, data):
 def test_a_queue_whose_ingress_was_off_keeps_it_off(partq_script, data):
     with partq.Broker.open(data) as broker:
         broker.create_queue("q", partitions=2, ingress_enabled=False)
-    proc = run_script(partq_script, data, "scale", "q", "--partitions", "3", "--yes")
+    proc = run_script(partq_script, data, "scale", "q", "--partitions", "3", "--yes", "--offline",
+                      "--allow-discard")
     assert proc.returncode == 0, proc.stderr
     assert "left off" in proc.stdout
     assert not _ingress(data)
@@ -129,7 +132,7 @@ def test_a_queue_whose_ingress_was_off_keeps_it_off(partq_script, data):
 
 def test_step_one_says_publishes_are_discarded_and_names_the_options(run, broker):
     broker.create_queue("q", partitions=2, reject_msg_to_sender=False)
-    result = run("scale", "q", "-p", "3", "--yes")
+    result = run("scale", "q", "-p", "3", "--yes", "--offline", "--allow-discard")
     assert result.exit_code == 0, result.output
     assert "DISCARDED" in result.stdout
     assert "--reject-msg-to-sender on --reject-when-shutdown on" in result.stdout

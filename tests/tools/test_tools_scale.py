@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers import wait_until
 from tools_helpers import json_lines, ok, run_script, user_error
 
 import partq
@@ -25,7 +26,8 @@ def test_scale_down_deletes_the_highest_partitions_and_their_messages(run, broke
     ok(run("queue", "create", "orders", "-p", "4"))
     published = _publish_keyed(broker, "orders", 200)
     assert {p for p, _ in published} == {0, 1, 2, 3}
-    result = ok(run("scale", "orders", "--partitions", "2", "--no-drain", "--yes"))
+    result = ok(run("scale", "orders", "--partitions", "2", "--offline", "--allow-discard",
+                    "--no-drain", "--yes"))
     text = result.stdout
     for step in range(1, 8):
         assert f"[{step}/7]" in text
@@ -46,7 +48,8 @@ def test_scale_down_deletes_the_highest_partitions_and_their_messages(run, broke
 def test_scale_json_is_one_object_per_step(run, broker):
     ok(run("queue", "create", "orders", "-p", "3", "--reject-when-shutdown", "on"))
     published = _publish_keyed(broker, "orders", 30)
-    steps = json_lines(ok(run("scale", "orders", "-p", "1", "--no-drain", "--yes", "--json")).stdout)
+    steps = json_lines(ok(run("scale", "orders", "-p", "1", "--offline", "--no-drain", "--yes",
+                              "--json")).stdout)
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5, 6, 7]
     assert [s["name"] for s in steps] == ["disable-ingress", "drain", "standby", "change-count",
                                           "rebalance", "standby-follow", "enable-ingress"]
@@ -68,7 +71,7 @@ def test_scale_json_is_one_object_per_step(run, broker):
 
 def test_scale_up_an_empty_queue(run, broker):
     ok(run("queue", "create", "orders", "-p", "2"))
-    text = ok(run("scale", "orders", "-p", "5", "--yes")).stdout
+    text = ok(run("scale", "orders", "-p", "5", "--offline", "--allow-discard", "--yes")).stdout
     assert "ScalingUp 2 -> 5" in text and "created partition 4" in text
     st = broker.queue_status("orders")
     assert (st.partition_count, st.scaling_status, st.rebalance_status) == (5, "Ready", "Ready")
@@ -86,7 +89,8 @@ def test_scale_to_the_same_count_changes_nothing(run, broker):
 def test_drain_timeout_reenables_ingress_and_exits_1(run, broker, as_json):
     ok(run("queue", "create", "orders", "-p", "4"))
     published = _publish_keyed(broker, "orders", 40)
-    args = ["scale", "orders", "-p", "2", "--drain-timeout", "0.3", "--yes"]
+    args = ["scale", "orders", "-p", "2", "--offline", "--allow-discard", "--drain-timeout", "0.3",
+            "--yes"]
     result = run(*args, *(["--json"] if as_json else []))
     user_error(result, "step 2 (drain) timed out", "40 messages left", "ingress is enabled again")
     if as_json:
@@ -123,7 +127,8 @@ def test_scale_with_live_consumers_in_another_process(partq_script, data, run):
         consumer = threading.Thread(target=_consume, args=(flows, stop, errors), daemon=True)
         consumer.start()
         try:
-            proc = run_script(partq_script, data, "scale", "orders", "-p", "2", "--yes", "--json",
+            proc = run_script(partq_script, data, "scale", "orders", "-p", "2", "--offline",
+                              "--allow-discard", "--yes", "--json",
                               "--drain-timeout", "30", "--rebalance-timeout", "30")
             assert proc.returncode == 0, proc.stderr
             steps = json_lines(proc.stdout)
@@ -138,7 +143,8 @@ def test_scale_with_live_consumers_in_another_process(partq_script, data, run):
             assert sorted(len(f.partitions) for f in flows) == [1, 1]
             assert st.ingress_enabled and st.depth == 0
             # and up again, from this process's runner (a Broker other than the owner)
-            steps = json_lines(ok(run("scale", "orders", "-p", "6", "--yes", "--json",
+            steps = json_lines(ok(run("scale", "orders", "-p", "6", "--offline", "--allow-discard",
+                                      "--yes", "--json",
                                       "--rebalance-timeout", "30")).stdout)
             assert steps[4]["status"] == "done" and "hold all 6 partitions" in steps[4]["why"]
             st = owner.queue_status("orders")
@@ -172,3 +178,69 @@ def test_consumers_after_scaling_while_no_consumer_runs(run, data, target):
             got += msgs
             flow.ack_many(msgs)
         assert len(got) == 40
+
+
+def test_scale_is_online_by_default_and_loses_no_publish(run, broker):
+    """Issue found by trying it: the offline procedure discarded 21 publishes of a 100 msg/s
+    publisher and raised nothing. Online (now the default) keeps ingress on."""
+    ok(run("queue", "create", "orders", "-p", "2"))
+    stop, results = threading.Event(), []
+
+    def publish() -> None:
+        i = 0
+        while not stop.is_set() and i < 20_000:
+            results.append(broker.publish("orders", b"m%d" % i, key=f"k{i}"))
+            i += 1
+            stop.wait(0.002)
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        wait_until(lambda: len(results) >= 20, 10, "the publisher to start")
+        text = ok(run("scale", "orders", "-p", "6", "--yes")).stdout
+        n = len(results)
+        wait_until(lambda: len(results) >= n + 20, 10, "publishes after the scaling")
+    finally:
+        stop.set()
+        publisher.join(timeout=10)
+    assert "skipped (online): ingress stays on" in text and "scaled from 2 to 6" in text
+    assert not any(r.discarded for r in results)
+    assert broker.queue_status("orders").discarded == 0
+    assert broker.queue_config("orders").ingress_enabled
+
+
+def test_offline_refuses_a_queue_that_would_discard_unless_allowed(run, broker):
+    ok(run("queue", "create", "orders", "-p", "2"))
+    user_error(run("scale", "orders", "-p", "3", "--offline", "--yes"),
+               "DISCARDS publishes", "--reject-when-shutdown on", "--allow-discard")
+    assert broker.queue_config("orders").partitions == 2
+    ok(run("queue", "update", "orders", "--reject-when-shutdown", "on"))
+    ok(run("scale", "orders", "-p", "3", "--offline", "--yes"))        # rejects: allowed
+    assert broker.queue_config("orders").partitions == 3
+    user_error(run("scale", "orders", "-p", "2", "--no-drain", "--yes"), "--offline only")
+
+
+def test_an_online_scale_down_deletes_nothing_and_says_so(run, broker):
+    ok(run("queue", "create", "orders", "-p", "4", "--rebalance-delay", "0"))
+    published = _publish_keyed(broker, "orders", 40)
+    flow = broker.bind("orders")
+    stop, errors, acked = threading.Event(), [], []
+
+    def consume() -> None:
+        try:
+            while not stop.is_set():
+                msgs = flow.receive(100, timeout=0.05)
+                if msgs:
+                    flow.ack_many(msgs)
+                    acked.extend((m.partition, m.seq) for m in msgs)
+        except Exception as exc:          # pragma: no cover - reported by the test
+            errors.append(exc)
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        text = ok(run("scale", "orders", "-p", "2", "--yes")).stdout
+    finally:
+        stop.set()
+        consumer.join(timeout=10)
+    assert not errors
+    assert "deleted" not in text and "scaled from 4 to 2" in text
+    assert sorted(acked) == sorted(published)        # every message of 2 and 3 delivered too
