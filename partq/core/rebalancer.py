@@ -438,11 +438,13 @@ class Rebalancer:
 
     @classmethod
     def restored(cls, state: dict, rebalance_delay: float, max_handoff_time: float,
-                 now: float) -> Rebalancer:
+                 now: float, remaining: float | None = None) -> Rebalancer:
         """The state after a broker restart: every flow of the previous run is a ghost holding
         what it held (a handoff in progress stays with its source, whose consumer still counts it
-        in its hint), and the holddown runs from ``now`` so consumers can come back (rule
-        `named-flows`)."""
+        in its hint), and the holddown runs so consumers can come back (rule `named-flows`):
+        from ``now``, or, when every flow had left before the last run closed, for the
+        ``remaining`` seconds of the holddown their leaving started (they are not waited for
+        twice)."""
         core = cls(state["n"], rebalance_delay, max_handoff_time)
         core._next_order = state["next_order"]
         core.epoch = list(state.get("epochs", core.epoch))
@@ -452,5 +454,6 @@ class Rebalancer:
                 for p in parts:
                     core.owner[p] = flow_id
         if core.flows:
-            core.holddown_deadline = now + rebalance_delay
+            core.holddown_deadline = now + (rebalance_delay if remaining is None
+                                            else min(rebalance_delay, max(0.0, remaining)))
         return core

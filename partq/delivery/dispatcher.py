@@ -64,6 +64,7 @@ class Dispatcher(FlowService):
         self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False
         self._wake: float | None = None    # when a nack's delay ends (``wake_at``)
+        self._settled = False              # ``settle`` ran: this process is closing
         store.on_commit(self._on_commit)
         self.after_tick: Callable[[], None] | None = None   # the broker's periodic work
         self._ticker: threading.Thread | None = None
@@ -175,7 +176,7 @@ class Dispatcher(FlowService):
         lock = DeliveryLock(self.store.path, config.qid, queue)
         try:
             with self.store.read() as r:
-                qd = QueueDelivery(config, r, self.clock.now(), self.tally)
+                qd = QueueDelivery(config, r, self.clock.now(), self.tally, self.clock.wall_ns())
             server = ControlServer(self, self.store.path, queue, config.qid)
         except BaseException:
             lock.release()
@@ -388,9 +389,13 @@ class Dispatcher(FlowService):
         """Before this process stops delivering: make delivery counts and delivered marks exact,
         so whoever delivers next counts only real deliveries (``QueueDelivery.settle_all``).
         ``close`` does it; the broker does it before it stops serving DR-standbys, so that they
-        get this commit too."""
+        get this commit too. Once: ``close`` after it writes nothing more."""
         with self._lock:
-            ops = [op for qd in self._runtimes.values() for op in qd.settle_all()]
+            if self._settled:
+                return
+            self._settled = True
+            now_ns = self.clock.wall_ns()
+            ops = [op for qd in self._runtimes.values() for op in qd.settle_all(self.clock.now(), now_ns)]
         if not ops:
             return
         try:

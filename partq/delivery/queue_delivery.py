@@ -40,7 +40,8 @@ log = logging.getLogger("partq.delivery")
 
 
 class QueueDelivery(FlowCalls):
-    def __init__(self, config: QueueConfig, reader, now: float, tally: Tally | None = None) -> None:
+    def __init__(self, config: QueueConfig, reader, now: float, tally: Tally | None = None,
+                 now_ns: int = 0) -> None:
         self.config = config
         self.name = config.name
         self.qid = config.qid
@@ -51,8 +52,11 @@ class QueueDelivery(FlowCalls):
             # new, or the access type changed while no process ran delivery: nothing carries over
             self.core = Rebalancer(len(index), config.rebalance_delay, config.max_handoff_time)
         else:
+            # flows that had all left before a clean close: their holddown goes on
+            until = state.holddown_until_ns
+            remaining = (until - now_ns) / 1e9 if until is not None and now_ns else None
             self.core = Rebalancer.restored(state.core, config.rebalance_delay,
-                                            config.max_handoff_time, now)
+                                            config.max_handoff_time, now, remaining)
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self.cutover = read_cutover(reader, self.qid)  # an online scaling not drained yet
@@ -244,14 +248,22 @@ class QueueDelivery(FlowCalls):
         qid, sp = self.qid, ps.sp
         return [lambda w: w.settle(qid, sp, expected, mark, counted, counts)]
 
-    def settle_all(self) -> list:
+    def settle_all(self, now: float, now_ns: int) -> list:
         """This process stops delivering the queue (it closes): settle every partition it
-        delivers itself."""
+        delivers itself; when every flow had left (ghosts waited for by the holddown), note when
+        that holddown ends, so that the next owner does not wait for them again from its own
+        start (flows still bound at the close are waited for from the next owner's first bind,
+        rule `named-flows`)."""
         ops = []
         for ps in self.parts:
             if not ps.remote_held and not ps.stale:
                 ops += self._settle_ops(ps)
-        return ops
+        core = self.core
+        if not core.flows or core.bound_flows() or core.holddown_deadline is None:
+            return ops
+        until = now_ns + int(max(0.0, core.holddown_deadline - now) * 1e9)
+        blob, qid = encode_state(self.mode, core, holddown_until_ns=until), self.qid
+        return ops + [lambda w: w.put_state(qid, blob)]
 
     def _outstanding(self, p: int) -> int:
         owner = self.core.owner[p]

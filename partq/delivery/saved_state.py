@@ -28,15 +28,20 @@ class StoredState:
     core: dict
     rebalance_status: str
     partition_status: list[str]
+    # wall time the holddown of flows that had all left ends, written by a clean close
+    holddown_until_ns: int | None = None
 
 
-def encode_state(mode: str, core: Rebalancer) -> bytes:
-    return msgpack.packb({
+def encode_state(mode: str, core: Rebalancer, holddown_until_ns: int | None = None) -> bytes:
+    doc: dict = {
         "mode": mode,
         "core": core.to_dict(),
         "rebalance_status": core.status,
         "partition_status": [core.partition_status(p) for p in range(core.n)],
-    }, use_bin_type=True)
+    }
+    if holddown_until_ns is not None:
+        doc["holddown_until_ns"] = holddown_until_ns
+    return msgpack.packb(doc, use_bin_type=True)
 
 
 def decode_state(blob: bytes | None, what: str) -> StoredState | None:
@@ -46,7 +51,7 @@ def decode_state(blob: bytes | None, what: str) -> StoredState | None:
     try:
         d = msgpack.unpackb(blob, raw=False)
         return StoredState(d.get("mode", "partitioned"), d["core"], d["rebalance_status"],
-                           list(d["partition_status"]))
+                           list(d["partition_status"]), d.get("holddown_until_ns"))
     except Exception:
         raise CorruptStore(f"the delivery state of {what} is damaged; restore from a DR-standby "
                            f"or backup") from None

@@ -176,3 +176,42 @@ def test_restart_during_handoff_named_consumers_recover(open_broker, clock, part
     b.tick()
     assert sorted([len(c1b.partitions), len(c2b.partitions)]) == [1, 1]
     assert all(s == "Ready" for s in part_statuses(b, "q"))
+
+
+def test_a_consumer_that_left_before_a_clean_close_is_not_waited_for_again(open_broker, clock):
+    """Tried as a new operator would: after `partq consume` left and exited, the next consumer
+    waited out a whole rebalance delay again for its ghost. The holddown its leaving started
+    now goes on across the close: a consumer back within it keeps its partitions, one that
+    comes after it finds the ghost gone. (Flows still bound at a close are waited for from the
+    next first bind: `test_holddown_after_restart_runs_from_the_first_bind`.)"""
+    b = open_broker()
+    b.create_queue("q", partitions=2, rebalance_delay=5.0)
+    b.bind("q", name="left").unbind()
+    b.close()
+    clock.advance(3.0)
+    b = open_broker()
+    assert b.bind("q", name="left").partitions == {0, 1}    # back within the delay: kept
+    b.close()                                              # ... and bound at this close
+    b = open_broker()
+    back = b.bind("q", name="left")
+    back.unbind()
+    b.close()
+    clock.advance(6.0)                                     # past the delay of that leaving
+    b = open_broker()
+    other = b.bind("q", name="other")
+    assert other.partitions == {0, 1}                       # no wait for the ghost
+
+
+def test_a_consumer_that_left_is_waited_for_the_rest_of_its_delay(open_broker, clock):
+    b = open_broker()
+    b.create_queue("q", partitions=2, rebalance_delay=5.0)
+    b.bind("q", name="left").unbind()
+    clock.advance(2.0)
+    b.close()
+    clock.advance(1.0)
+    b = open_broker()
+    other = b.bind("q", name="other")
+    assert other.partitions == frozenset()                  # 2 s of the delay are left
+    clock.advance(2.1)
+    b.tick()
+    assert other.partitions == {0, 1}
