@@ -16,6 +16,8 @@ result, for people or with ``--json``.
 * ``inspect_cmds`` ``inspect``: browse messages without consuming (``partq.ops.browse``)
 * ``copy_cmds``    ``copy-out`` and ``copy-in`` (the copies themselves are ``partq.ops.copy_out`` and
   ``partq.ops.copy_in``)
+* ``dead_cmds``    ``message kill|ack`` (unblock a partition by a message's position) and
+  ``dead requeue`` (a dead message queue's messages back to their queues: ``partq.ops.requeue``)
 * ``scale_cmds``   ``scale`` (the seven steps are ``partq.scaling``)
 * ``verify_cmds``  ``verify``: crc32c of every stored record (``partq.ops.verify``)
 * ``clidoc``       docs/cli.md's command reference, generated from the commands' help

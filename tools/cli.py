@@ -111,6 +111,7 @@ def _register() -> None:
     from partq.tools import (
         consume_cmds,
         copy_cmds,
+        dead_cmds,
         dr_cmds,
         inspect_cmds,
         publish_cmds,
@@ -124,8 +125,8 @@ def _register() -> None:
     )
     for command in (store_cmds.init, queue_cmds.queue, publish_cmds.publish,
                     consume_cmds.consume, inspect_cmds.inspect, copy_cmds.copy_out,
-                    copy_cmds.copy_in, scale_cmds.scale, rebalance_cmds.rebalance,
-                    verify_cmds.verify, store_cmds.stats,
+                    copy_cmds.copy_in, dead_cmds.message, dead_cmds.dead, scale_cmds.scale,
+                    rebalance_cmds.rebalance, verify_cmds.verify, store_cmds.stats,
                     store_cmds.demo, dr_cmds.standby, dr_cmds.dr, serve_cmds.serve,
                     top_cmds.top):
         cli.add_command(command)

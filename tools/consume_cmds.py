@@ -1,5 +1,6 @@
-"""``partq consume``: receive a queue's messages as one more consumer and print them, acking
-them or not: for debugging, and for draining a queue by hand.
+"""``partq consume``: receive a queue's messages as one more consumer and print them, acking,
+nacking or rejecting them, or leaving them unacked: for debugging (a dead message queue setup
+too), and for draining a queue by hand.
 
 It binds a flow (``Broker.bind``): where another process runs the queue's delivery, that
 process serves the flow; where none does, this one runs it until it ends.
@@ -40,6 +41,14 @@ POLL = 0.5          # seconds of one receive, between checks for a signal
               help="Acknowledge each message once it is printed (it is then gone from the "
                    "queue); without it, messages are delivered again, marked redelivered, when "
                    "this consumer leaves.")
+@click.option("--nack", is_flag=True,
+              help="Nack each message once it is printed: it comes back after the queue's "
+                   "redelivery delay, its delivery count one higher, until --max-redelivery "
+                   "makes it dead (without that setting it comes back forever: bound the run "
+                   "with --max or --timeout).")
+@click.option("--reject", is_flag=True,
+              help="Reject each message once it is printed: it is dead at once, moved to the "
+                   "queue's dead message queue (discarded and counted without one).")
 @click.option("--payload", "payload_mode", type=click.Choice(PAYLOAD_MODES), default="auto",
               show_default=True,
               help="auto: UTF-8 text when printable, else hex (base64 with --json).")
@@ -48,7 +57,8 @@ POLL = 0.5          # seconds of one receive, between checks for a signal
 @output_options
 @pass_app
 def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: float | None,
-            ack: bool, payload_mode: str, width: int, out: Output) -> None:
+            ack: bool, nack: bool, reject: bool, payload_mode: str, width: int,
+            out: Output) -> None:
     """Receive messages of QUEUE as one more consumer and print them, one per line.
 
     The consumer joins the queue's others: it gets partitions as any consumer does, moved
@@ -56,8 +66,14 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
     consumer at a time, so it may wait as a standby). Where another process runs the queue's
     delivery (a service, `partq serve`), that process serves it. Ctrl-C or SIGTERM ends it
     cleanly; a summary goes to stderr. To look without consuming, use `partq inspect`.
+
+    Each message shows its delivery count (1 on its first delivery). --nack and --reject try
+    out a queue's --max-redelivery and --dead-message-queue settings.
     """
+    if ack + nack + reject > 1:
+        raise click.UsageError("pass at most one of --ack, --nack and --reject")
     require(width >= 0, "--width must be 0 (no truncation) or more")
+    action = "ack" if ack else "nack" if nack else "reject" if reject else None
     received = 0
     with app.broker() as broker, stop_on_signals() as stop:
         flow = broker.bind(queue, name=name)
@@ -80,10 +96,14 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
                         break
                     continue
                 for msg in msgs:
-                    _print(out, msg, payload_mode, width, ack)
+                    _print(out, msg, payload_mode, width, action)
                 sys.stdout.flush()
                 if ack:
                     flow.ack_many(msgs)
+                for msg in msgs if nack or reject else ():
+                    # a nack gives back the later messages of its partition too: nacks of
+                    # those are ignored, and they come again with their counts unchanged
+                    (flow.nack if nack else flow.reject)(msg)
                 received += len(msgs)
                 idle_since = time.monotonic()
         finally:
@@ -92,19 +112,22 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
             except PartqError:
                 pass      # already unbound (the queue was deleted or changed): it said why
     if not out.json:
-        what = ("acked" if ack else "not acked: they are delivered again, marked redelivered")
+        what = {"ack": "acked", "nack": "nacked: they come back, counted, until they are dead",
+                "reject": "rejected: dead, moved to the queue's dead message queue"}.get(
+            action or "", "not acked: they are delivered again, marked redelivered")
         click.echo(f"received {received} message{'s' if received != 1 else ''} from queue "
                    f"{queue!r} ({what})", err=True)
 
 
-def _print(out: Output, msg, payload_mode: str, width: int, ack: bool) -> None:
+def _print(out: Output, msg, payload_mode: str, width: int, action: str | None) -> None:
     encoding, text = encode_payload(msg.payload, payload_mode, out.json)
     if out.json:
         out.line({"queue": msg.queue, "partition": msg.partition, "seq": msg.seq, "key": msg.key,
                   "publish_time_ns": msg.publish_time_ns,
                   "publish_time": iso_time(msg.publish_time_ns), "size": len(msg.payload),
-                  "headers": msg.headers, "redelivered": msg.redelivered, "acked": ack,
-                  "payload_encoding": encoding, "payload": text})
+                  "headers": msg.headers, "redelivered": msg.redelivered,
+                  "delivery_count": msg.delivery_count, "acked": action == "ack",
+                  "action": action, "payload_encoding": encoding, "payload": text})
         return
     shown = printable(text) if encoding == "text" else f"{encoding}:{text}"
     parts = [f"{partition_label(msg.partition)}:{msg.seq}"]
@@ -112,6 +135,7 @@ def _print(out: Output, msg, payload_mode: str, width: int, ack: bool) -> None:
         parts.append(f"key={truncate(printable(msg.key), 32)}")
     if msg.redelivered:
         parts.append("redelivered")
+    parts.append(f"delivery_count={msg.delivery_count}")
     if msg.headers:
         parts.append(f"headers={printable(repr(msg.headers))}")
     parts.append(truncate(shown, width))

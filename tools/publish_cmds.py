@@ -8,6 +8,7 @@ import click
 
 from partq.ops.message_input import (
     INPUT_FORMATS,
+    check_ttl,
     json_items,
     parse_header,
     publish_batches,
@@ -31,22 +32,30 @@ from partq.tools.output import Output, output_options
                    "key and headers (they override --key and --header).")
 @click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Messages per commit: a batch is stored whole or not at all.")
+@click.option("--ttl", type=float, metavar="SECONDS",
+              help="Time to live of every message: one not delivered within it expires, is "
+                   "never delivered, and goes to the queue's dead message queue (the queue's "
+                   "--max-ttl bounds it) [default: none].")
 @output_options
 @pass_app
 def publish(app: App, queue: str, payloads: tuple[str, ...], key: str | None,
-            headers: tuple[str, ...], fmt: str, batch: int, out: Output) -> None:
+            headers: tuple[str, ...], fmt: str, batch: int, ttl: float | None,
+            out: Output) -> None:
     """Publish messages to QUEUE: each PAYLOAD argument, or without any, each line of standard
     input (without its line feed).
 
     A message published has been stored durably when its batch is reported. Messages the
-    queue discards (its ingress is off) are counted, and the command ends with exit status 1.
+    queue discards (its ingress is off, or it is over its --max-depth or --max-bytes quota and
+    discards rather than rejects) are counted, and the command ends with exit status 1.
 
     \b
     Examples:
       partq publish orders hello world --key customer-42
       seq 1000 | partq publish orders
       partq publish orders --format jsonl < messages.jsonl
+      partq publish orders --ttl 60 "valid for a minute"
     """
+    check_ttl(ttl)
     given = dict(parse_header(h) for h in headers) or None
     items_of = json_items if fmt == "jsonl" else text_items
     if payloads:
@@ -55,7 +64,8 @@ def publish(app: App, queue: str, payloads: tuple[str, ...], key: str | None,
     else:
         items = items_of(sys.stdin.buffer, key, given, unit="line")
     with app.broker() as broker, stop_on_signals() as stop:
-        report = publish_batches(broker, queue, items, batch, stop=stop.is_set)
+        report = publish_batches(broker, queue, items, batch, stop=stop.is_set, ttl=ttl)
+        ingress = broker.queue_config(queue).ingress_enabled if report.discarded else True
     if out.json:
         out.doc(report.as_dict())
     else:
@@ -73,10 +83,15 @@ def publish(app: App, queue: str, payloads: tuple[str, ...], key: str | None,
                           [[r.partition, r.count, r.first_seq, r.last_seq] for r in ranges],
                           indent="  ")
     if report.discarded:
-        raise UserError(f"queue {queue!r} discarded {report.discarded} message"
-                        f"{'s' if report.discarded != 1 else ''}: its ingress is off; enable it "
-                        f"with `partq queue update {queue} --ingress on` (or have publishes "
-                        f"rejected with --reject-when-shutdown on) and publish them again")
+        what = f"queue {queue!r} discarded {report.discarded} message" + \
+            ("s" if report.discarded != 1 else "")
+        if not ingress:
+            raise UserError(f"{what}: its ingress is off; enable it with `partq queue update "
+                            f"{queue} --ingress on` (or have publishes rejected with "
+                            f"--reject-when-shutdown on) and publish them again")
+        raise UserError(f"{what}: it is over its --max-depth or --max-bytes quota; ack messages "
+                        f"or raise the quota (`partq queue update {queue} --max-depth N`), or have "
+                        f"publishes refused with --reject-msg-to-sender on, and publish them again")
     if not report.complete:
         raise UserError(f"publish interrupted after {report.published} messages; the rest of the "
                         f"input was not published")

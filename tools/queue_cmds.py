@@ -8,7 +8,7 @@ import click
 from partq.errors import DeliveryLocked
 from partq.ops.copy_out import Stranded, stranded_state
 from partq.ops.formatting import partition_label
-from partq.ops.stats import queue_rows
+from partq.ops.stats import dead_total, queue_rows
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
 from partq.tools.output import Output, config_doc, on_off, output_options
 from partq.tools.queue_settings import setting_options
@@ -121,6 +121,11 @@ def stranded(left: Stranded) -> str:
 def show(app: App, name: str, out: Output) -> None:
     """Show the configuration, statuses, partitions and flows of queue NAME.
 
+    Its lifecycle counts, since the queue was created: dead messages by reason (expired,
+    delivered --max-redelivery times, rejected), those of them discarded for want of a dead
+    message queue, publishes its quota refused or discarded, and the partitions waiting out a
+    nack's redelivery delay now.
+
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
     """
@@ -159,6 +164,7 @@ def show(app: App, name: str, out: Output) -> None:
                   [[o["partition"], o["cut_seq"], o["remaining"], o["held"]]
                    for o in c["old_partitions"]], indent="    ")
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
+    _show_lifecycle(out, st)
     out.echo()
     errors = any(p.error for p in st.partitions)
     out.table(["PARTITION", "STATUS", "FLOW", "DEPTH", "UNACKED", "NEXT SEQ", "ACK FLOOR"]
@@ -178,6 +184,17 @@ def show(app: App, name: str, out: Output) -> None:
                    for f in st.flows], indent="  ")
     else:
         out.echo("  no flows")
+
+
+def _show_lifecycle(out: Output, st) -> None:
+    """The lifecycle block of ``queue show``: dead messages, quota refusals, delayed
+    partitions."""
+    dead = st.dead
+    reasons = ", ".join(f"{reason} {n}" for reason, n in dead.items() if reason != "discarded")
+    out.echo(f"  dead messages {dead_total(dead)} ({reasons}), of them discarded "
+             f"{dead.get('discarded', 0)} (no dead message queue to go to)")
+    out.echo(f"  quota refused {st.quota_refused}, quota discarded {st.quota_discarded}; "
+             f"partitions waiting out a nack's delay {st.delayed}")
 
 
 def _show_value(v) -> str:

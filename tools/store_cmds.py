@@ -39,7 +39,12 @@ def init(app: App, out: Output) -> None:
 @output_options
 @pass_app
 def stats(app: App, queue: str | None, out: Output) -> None:
-    """Per-queue depth, discards, statuses and flows, and the store's sizes.
+    """Per-queue depth, discards, dead messages, quota refusals, statuses and flows, and the
+    store's sizes.
+
+    DEAD counts the queue's dead messages (expired, delivered --max-redelivery times, or
+    rejected: moved to its dead message queue, or discarded without one); QUOTA REFUSED the
+    publishes its --max-depth or --max-bytes refused.
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue. Sizes: the
     file on disk; its high-water mark (used_bytes: the most of it ever in use; the file never
@@ -63,9 +68,10 @@ def stats(app: App, queue: str | None, out: Output) -> None:
         out.echo("no queues")
         return
     out.echo()
-    out.table(["QUEUE", "PARTITIONS", "DEPTH", "ACCESS", "DISCARDED", "REBALANCE", "SCALING",
-               "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
+    out.table(["QUEUE", "PARTITIONS", "DEPTH", "ACCESS", "DISCARDED", "DEAD", "QUOTA REFUSED",
+               "REBALANCE", "SCALING", "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
               [[q["name"], q["partitions"], q["depth"], q["access_type"], q["discarded"],
+                q["dead"], q["quota_refused"],
                 q["rebalance_status"] or "unknown", q["scaling_status"], q["flows"],
                 q["active_flows"], on_off(q["ingress_enabled"]), on_off(q["egress_enabled"])]
                for q in queues])

@@ -200,18 +200,23 @@ def plan(store, config: QueueConfig, partitions: list[int], from_seq: int, to_se
 
 def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch: int,
          skip_corrupt: bool, advance: Callable[[int], None], stop: Callable[[], bool],
-         remove: Callable[[list[int]], None] | None = None) -> None:
+         remove: Callable[[list[int]], None] | None = None,
+         keep: Callable[[int, Record], bool] | None = None, limit: int = 0) -> int:
     """Copy every unacked message of each planned partition, batch by batch, counting into
     ``reports``; ``advance(n)`` is told how many sequences each batch covered; ``stop()`` ends
     the copy between batches; ``remove(seqs)``, if given, is called with each batch's sequences
-    once its copy is durable (move). Raises ``CopyOutError`` at a corrupt record unless
-    ``skip_corrupt``."""
+    once its copy is durable (move). ``keep(seq, record)``, if given, picks the messages to
+    copy: the others are passed over, neither copied nor removed (a batch's ``last_seq``
+    covers them all the same). ``limit`` (0: none) ends the copy once that many messages went
+    to the sink, the last batch cut short there. Returns how many went to the sink. Raises
+    ``CopyOutError`` at a corrupt record unless ``skip_corrupt``."""
     queue, qid = config.name, config.qid
+    taken = 0
     for rep in reports:
         pos = rep.start
         while pos <= rep.end:
-            if stop():
-                return
+            if stop() or (limit and taken >= limit):
+                return taken
             with store.read() as r:
                 ack = r.ack_state(qid, rep.partition)
                 records = r.records(qid, rep.partition, pos, min(batch, rep.end - pos + 1))
@@ -226,15 +231,21 @@ def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch
                     last = seq
                     continue
                 try:
-                    items.append((seq, decode_record(raw, queue, rep.partition, seq)))
+                    record = decode_record(raw, queue, rep.partition, seq)
                 except CorruptRecord as exc:
                     if not skip_corrupt:
                         failure = exc
                         break
                     rep.skipped_corrupt.append(seq)
+                else:
+                    if keep is None or keep(seq, record):
+                        items.append((seq, record))
                 last = seq
+                if limit and taken + len(items) >= limit:
+                    break
             if last is not None:
                 rep.copied += sink.write(rep.partition, last, items)
+                taken += len(items)
                 if remove is not None and items:
                     remove([seq for seq, _ in items])
                 advance(last - pos + 1)
@@ -248,6 +259,7 @@ def copy(store, config: QueueConfig, reports: list[PartitionReport], sink, batch
                     f"damaged records")
             if last is None:
                 break  # nothing left at or below the bound (acked and truncated meanwhile)
+    return taken
 
 
 def proven_copied(store, config: QueueConfig, partition: int,

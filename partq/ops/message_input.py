@@ -13,7 +13,8 @@ Two forms of input:
 
 ``publish_batches`` publishes them ``batch`` per commit (a batch is stored whole or not at all)
 and returns a ``PublishReport``; an error names the input line it comes from and says how many
-messages were published before it.
+messages were published before it. A ``ttl`` (seconds) applies to every message: one not
+delivered by then expires (it goes to the queue's dead message queue, never delivered).
 """
 from __future__ import annotations
 
@@ -24,7 +25,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, StorageFull
+from partq.config import MAX_TTL
+from partq.errors import (
+    IngressDisabled,
+    InvalidConfig,
+    InvalidMessage,
+    PartqError,
+    QueueFull,
+    StorageFull,
+)
 from partq.ops.copy_in import decode_json_bytes
 from partq.publish.publisher import encode
 
@@ -128,13 +137,24 @@ def json_item(obj, key: str | None, headers: dict | None, where: str) -> Item:
     return payload, own_key, merged
 
 
+def check_ttl(ttl: float | None) -> None:
+    """Raise ``InvalidConfig`` unless ``ttl`` is None or seconds from 0 (none) to ``MAX_TTL``."""
+    if ttl is not None and not 0 <= ttl <= MAX_TTL:
+        raise InvalidConfig(f"--ttl must be a number of seconds from 0 to {MAX_TTL:g} (0: none), "
+                            f"not {ttl:g}")
+
+
 def publish_batches(broker: Broker, queue: str, items: Iterable[tuple[str, Item]], batch: int,
-                    stop: Callable[[], bool] | None = None) -> PublishReport:
-    """Publish ``(where, item)`` pairs ``batch`` per commit; return the ``PublishReport``.
-    Each message is checked against the queue's limits as it is read, so a bad one is named
-    by its ``where``; an error says how many messages the batches before it published."""
+                    stop: Callable[[], bool] | None = None,
+                    ttl: float | None = None) -> PublishReport:
+    """Publish ``(where, item)`` pairs ``batch`` per commit, each message with ``ttl`` seconds to
+    live (None or 0: none); return the ``PublishReport``. Each message is checked against the
+    queue's limits as it is read, so a bad one is named by its ``where``; an error says how
+    many messages the batches before it published (a quota's refusal, ``QueueFull``, comes as
+    a ``PartqError`` saying so)."""
     if type(batch) is not int or batch < 1:
         raise InvalidConfig("--batch must be at least 1")
+    check_ttl(ttl)
     config = broker.queue_config(queue)                  # QueueNotFound before reading input
     report = PublishReport(queue)
     pending: list[Item] = []
@@ -149,23 +169,26 @@ def publish_batches(broker: Broker, queue: str, items: Iterable[tuple[str, Item]
                 first = where
             pending.append(item)
             if len(pending) >= batch:
-                _publish(broker, report, pending)
+                _publish(broker, report, pending, ttl)
                 pending = []
                 if stop is not None and stop():
                     report.complete = False
                     return report
         if pending:
-            _publish(broker, report, pending)
-    except (InvalidMessage, InvalidConfig, IngressDisabled, StorageFull) as exc:
+            _publish(broker, report, pending, ttl)
+    except (InvalidMessage, InvalidConfig, IngressDisabled, StorageFull, QueueFull) as exc:
         done = report.published + report.discarded
         since = f", none from {first} on" if pending else ""
-        raise type(exc)(f"{exc}; {done} message{'s' if done != 1 else ''} before it "
-                        f"{'were' if done != 1 else 'was'} published{since}") from None
+        # QueueFull is built from its fields, not a message: the sentence goes in a PartqError
+        error = PartqError if isinstance(exc, QueueFull) else type(exc)
+        raise error(f"{exc}; {done} message{'s' if done != 1 else ''} before it "
+                    f"{'were' if done != 1 else 'was'} published{since}") from None
     return report
 
 
-def _publish(broker: Broker, report: PublishReport, items: list[Item]) -> None:
-    for res in broker.publish_many(report.queue, items):
+def _publish(broker: Broker, report: PublishReport, items: list[Item],
+             ttl: float | None) -> None:
+    for res in broker.publish_many(report.queue, items, ttl=ttl):
         if res.discarded:
             report.discarded += 1
             continue

@@ -21,8 +21,10 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     """One queue's row: ``name``, ``access_type``, ``partitions`` (the operating count: 0 for
     an exclusive queue), ``scaling_status``, ``ingress_enabled``, ``egress_enabled``, then from
     its status ``depth``, ``discarded``, ``parent_depth``, ``rebalance_status``, ``flows``,
-    ``active_flows``, ``delivery_owner``, ``error`` (None) and ``warnings``. When the status
-    cannot be read, those are None, ``error`` says why and there is no ``warnings``."""
+    ``active_flows``, ``delivery_owner``, ``dead`` (dead messages, every reason, moved to the
+    dead message queue or discarded), ``quota_refused``, ``error`` (None) and ``warnings``.
+    When the status cannot be read, those are None, ``error`` says why and there is no
+    ``warnings``."""
     row = {"name": config.name, "access_type": config.access_type,
            "partitions": config.operating_partitions,
            "scaling_status": config.scaling_status,
@@ -32,15 +34,23 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
         st = broker.queue_status(config.name)
     except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
         row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None,
-                   flows=None, active_flows=None, delivery_owner=None, error=one_line(str(exc)))
+                   flows=None, active_flows=None, delivery_owner=None, dead=None,
+                   quota_refused=None, error=one_line(str(exc)))
     else:
         row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                    parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
                    # flows bound now: those of a process that left are not consumers
                    flows=sum(1 for f in st.flows if f.bound),
                    active_flows=sum(1 for f in st.flows if f.bound and f.active),
-                   delivery_owner=st.delivery_owner, error=None, warnings=st.warnings)
+                   delivery_owner=st.delivery_owner, dead=dead_total(st.dead),
+                   quota_refused=st.quota_refused, error=None, warnings=st.warnings)
     return row
+
+
+def dead_total(dead: dict) -> int:
+    """The dead messages of a ``QueueStatus.dead``: every reason's count (``discarded`` counts
+    some of them again: those that had no dead message queue to go to)."""
+    return sum(n for reason, n in dead.items() if reason != "discarded")
 
 
 def queue_rows(broker: Broker, queue: str | None = None) -> list[dict]:

@@ -74,10 +74,14 @@ ELSEWHERE = {"partq demo": "test_tools_queue.py", "partq standby": "test_tools_d
 
 
 def _scenario(run, broker, tmp_path) -> dict[str, list]:
-    ok(run("queue", "create", "q", "-p", "2", "--rebalance-delay", "0"))
+    ok(run("queue", "create", "dmq"))
+    ok(run("queue", "create", "q", "-p", "2", "--rebalance-delay", "0", "--dead-message-queue",
+           "dmq"))
     ok(run("queue", "create", "gone"))
     ok(run("queue", "create", "empty"))
-    broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(10)])
+    results = broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(10)])
+    broker.kill_message("q", results[0].partition, results[0].seq)    # a dead message to requeue
+    kill, ack = results[1], results[2]
     export = tmp_path / "q.jsonl"
     return {
         "partq init": ["init"],
@@ -95,6 +99,9 @@ def _scenario(run, broker, tmp_path) -> dict[str, list]:
         "partq verify": ["verify"],
         "partq stats": ["stats"],
         "partq dr status": ["dr", "status"],
+        "partq message kill": ["message", "kill", "q", kill.partition, kill.seq, "--yes"],
+        "partq message ack": ["message", "ack", "q", ack.partition, ack.seq, "--yes"],
+        "partq dead requeue": ["dead", "requeue", "dmq"],
     }
 
 
@@ -133,7 +140,8 @@ def test_partitions_is_the_operating_count_everywhere(run, broker):
 
 def test_scale_json_lines_have_notes_never_note(run, broker):
     ok(run("queue", "create", "q", "-p", "2"))
-    steps = json_lines(ok(run("scale", "q", "-p", "3", "--yes", "--json")).stdout)
+    steps = json_lines(ok(run("scale", "q", "-p", "3", "--offline", "--allow-discard", "--yes",
+                              "--json")).stdout)
     assert [s["step"] for s in steps] == list(range(1, 8))
     for s in steps:
         assert "note" not in s and isinstance(s["notes"], list), s
