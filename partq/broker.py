@@ -24,7 +24,7 @@ from partq.clock import SystemClock
 from partq.config import USER_SETTABLE, QueueConfig
 from partq.core.rebalance_plan import plan_rebalance
 from partq.core.rebalancer import Rebalancer
-from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, queue_holder
+from partq.delivery import DeliveryLock, Dispatcher, ack_parent_log, expiry, queue_holder
 from partq.delivery.holds import clear_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.open_report import log_open_report
@@ -114,7 +114,8 @@ class Broker:
         self.publisher = Publisher(store, clock, rng)
         self.dispatcher = Dispatcher(store, clock, auto_tick)
         self._retire_checked = 0.0
-        self.dispatcher.after_tick = self._finish_retirements
+        self.dispatcher.after_tick = self._periodic
+        self._swept = time.monotonic()
         _open_brokers.add(self)
 
     @classmethod
@@ -469,6 +470,28 @@ class Broker:
         scale-downs whose retired partitions drained."""
         self.dispatcher.tick()
         self._finish_retirements(force=True)
+
+    def _periodic(self) -> None:
+        """The ticker's work besides timers: end drained online scale-downs, sweep expired
+        messages every ``expiry.SWEEP_INTERVAL`` seconds."""
+        self._finish_retirements()
+        now = time.monotonic()
+        if now - self._swept >= expiry.SWEEP_INTERVAL:
+            self._swept = now
+            try:
+                self.sweep_expired()
+            except PartqError as exc:             # read-only, closing: next time
+                log.debug("sweeping expired messages: %s", exc)
+
+    def sweep_expired(self) -> int:
+        """Kill the expired messages at the head of the queues this process delivers, and of
+        those no process delivers (rule `expiry`: a queue nobody consumes does not keep them);
+        returns how many. A process with a ticker does it every 30 s by itself."""
+        self._check_writable()
+        configs = [(c, True) if self.dispatcher.owns(c.name) else (c, False)
+                   for c in self.queues()
+                   if self.dispatcher.owns(c.name) or queue_holder(self.path, c.qid) is None]
+        return expiry.sweep(self._store, configs, self.clock.wall_ns())
 
     def _finish_retirements(self, force: bool = False) -> None:
         """End the online scale-downs this process delivers whose retired partitions drained,

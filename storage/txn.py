@@ -46,6 +46,14 @@ _QUEUE_META = b"q/"
 # queue meta: messages dropped unacked with their partition (a scale-down, a change to exclusive):
 # published = acked + backlog + removed, so the acked count follows from stored state
 QUEUE_REMOVED = b"removed"
+# queue meta: a message with a TTL was published to the queue (its expired messages are swept)
+QUEUE_TTL_SEEN = b"ttl"
+
+
+def mark_ttl_seen(w, qid: int) -> None:
+    """In a publish's transaction: the queue holds messages with a TTL from now on."""
+    if w.queue_meta(qid, QUEUE_TTL_SEEN) is None:
+        w.put_queue_meta(qid, QUEUE_TTL_SEEN, b"1")
 
 
 def queue_meta_key(qid: int, name: bytes) -> bytes:

@@ -23,7 +23,7 @@ def outside_count(reader, qid: int) -> int:
     return 0 if raw is None else unpack_u64(raw)
 
 
-def _counted(w, qid: int) -> None:
+def count_outside(w, qid: int) -> None:
     w.put_queue_meta(qid, OUTSIDE, pack_u64(outside_count(w, qid) + 1))
 
 
@@ -47,7 +47,7 @@ def ack_op(config_in: Callable, queue: str, partition: int, seq: int) -> Callabl
         if not _check(w, config, partition, seq):
             return False
         w.ack(config.qid, partition, [seq])
-        _counted(w, config.qid)
+        count_outside(w, config.qid)
         return True
     return op
 
@@ -63,6 +63,6 @@ def kill_op(config_in: Callable, queue: str, partition: int, seq: int, now_ns: i
         dead_op(queue, config.qid, [rejected(partition, seq, failures)], now_ns)(w)
         if not w.ack_state(config.qid, partition).is_acked(seq):
             w.ack(config.qid, partition, [seq])   # a damaged record: nothing to copy, it goes
-        _counted(w, config.qid)
+        count_outside(w, config.qid)
         return True
     return op

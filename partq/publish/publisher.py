@@ -33,6 +33,7 @@ from partq.storage.encoding import (
     pack_u64,
     unpack_u64,
 )
+from partq.storage.txn import mark_ttl_seen
 
 DISCARDED = PublishResult(-1, -1, discarded=True)
 COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
@@ -45,19 +46,23 @@ class _PublishOne:
     in the same commit are placed together (``run_merged``): one append per partition instead of
     one per message, which is what lets many publishing threads share a commit cheaply."""
 
-    __slots__ = ("publisher", "queue", "items", "merge_key")
+    __slots__ = ("publisher", "queue", "items", "merge_key", "ttl")
 
-    def __init__(self, publisher: Publisher, queue: str, items: Encoded) -> None:
-        self.publisher, self.queue, self.items = publisher, queue, items
+    def __init__(self, publisher: Publisher, queue: str, items: Encoded, ttl: bool) -> None:
+        self.publisher, self.queue, self.items, self.ttl = publisher, queue, items, ttl
         self.merge_key = ("publish", id(publisher), queue)
 
     def __call__(self, w) -> object:    # its PublishResult, or its QueueFull (counted)
+        if self.ttl:
+            self.publisher.ttl_seen(w, self.queue)
         placed = quota.placed_or_refused(self.publisher, w, self.queue, self.items)
         return placed[0] if type(placed) is list else placed
 
     @staticmethod
     def run_merged(w, ops: list[_PublishOne]) -> list:
         first = ops[0]
+        if any(op.ttl for op in ops):
+            first.publisher.ttl_seen(w, first.queue)
         return first.publisher.place(w, first.queue, [op.items[0] for op in ops], each=True)
 
 
@@ -114,19 +119,26 @@ class Publisher:
                       headers: dict | None = None, ttl: float | None = None) -> Pending:
         config = self.config(queue)
         now = self.clock.wall_ns()
-        encoded = encode(config, ((payload, key, headers),), now, expiry(now, ttl))
-        return Pending(quota.RaisesRefusal(self.store.submit(_PublishOne(self, queue, encoded))))
+        expires = expiry(now, ttl)
+        encoded = encode(config, ((payload, key, headers),), now, expires)
+        return Pending(quota.RaisesRefusal(self.store.submit(
+            _PublishOne(self, queue, encoded, expires is not None))))
 
     def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None) -> Pending:
         """``publish_many`` without waiting: checked and encoded now, one transaction, durable
         once ``result()`` returns."""
         config = self.config(queue)
         now = self.clock.wall_ns()                 # one commit, one publish time
-        encoded = encode(config, items, now, expiry(now, ttl))
+        expires = expiry(now, ttl)
+        encoded = encode(config, items, now, expires)
         if not encoded:
             return Pending(None, [])
-        return Pending(quota.RaisesRefusal(self.store.submit(
-            lambda w: quota.placed_or_refused(self, w, queue, encoded))))
+
+        def op(w):
+            if expires is not None:
+                self.ttl_seen(w, queue)
+            return quota.placed_or_refused(self, w, queue, encoded)
+        return Pending(quota.RaisesRefusal(self.store.submit(op)))
 
     def publish_each_async(self, queue: str, items: list) -> Pending:
         """Publish independent messages in one transaction: each item's result, or the
@@ -159,10 +171,13 @@ class Publisher:
         key = checkpoint_key(name)
         config = self.config(queue)
         now = self.clock.wall_ns()                 # one commit, one publish time
-        encoded = encode(config, items, now, expiry(now, ttl))
+        expires = expiry(now, ttl)
+        encoded = encode(config, items, now, expires)
 
         def op(w):
             config = self.config_in(w, queue)
+            if expires is not None:
+                mark_ttl_seen(w, config.qid)
             stored = w.queue_meta(config.qid, key)
             if stored is not None and unpack_u64(stored) >= position:
                 return []
@@ -186,6 +201,11 @@ class Publisher:
         return None if stored is None else unpack_u64(stored)
 
     # ------------------------------------------------------------------ in the transaction
+    def ttl_seen(self, w, queue: str) -> None:
+        """Messages with a TTL go to ``queue`` in this transaction: its expired messages are
+        swept even while nobody consumes it (``partq.delivery.expiry``)."""
+        mark_ttl_seen(w, self.config_in(w, queue).qid)
+
     def config_in(self, w, queue: str) -> QueueConfig:
         """The queue's config as of this transaction (another process may have changed it)."""
         raw = w.queue_raw(queue)

@@ -241,3 +241,41 @@ def test_an_operator_unblocks_a_partition_held_by_a_poison_message(broker):
     assert [m.payload for m in flow.receive(5)] == [b"later"]
     assert flow.unacked == 1                                  # the killed one left the count
     assert [m.payload for m in dead_letters(broker, 1)] == [b"poison"]
+
+
+def test_a_queue_nobody_consumes_does_not_keep_its_expired_messages(open_broker, clock):
+    broker = open_broker()
+    setup(broker)
+    broker.create_queue("other")
+    broker.publish("jobs", b"short", ttl=5)
+    broker.publish("jobs", b"long", ttl=500)
+    broker.publish("other", b"no ttl")
+    assert broker.sweep_expired() == 0                  # nothing expired yet
+    clock.advance(6)
+    assert broker.sweep_expired() == 1
+    assert broker.queue_status("jobs").depth == 1 and counts(broker)["expired"] == 1
+    assert broker.sweep_expired() == 0                  # once
+    with broker.bind("jobs") as flow:                   # a consumer that comes later
+        assert [m.payload for m in drain(flow)] == [b"long"]
+    assert [m.payload for m in dead_letters(broker, 1)] == [b"short"]
+
+
+def test_the_sweep_of_a_delivered_queue_reaches_its_consumers(broker, clock):
+    setup(broker, max_ttl=10)
+    flow = broker.bind("jobs")
+    broker.publish_many("jobs", [b"a", b"b"])
+    clock.advance(11)
+    assert broker.sweep_expired() == 2                  # this process delivers the queue
+    assert flow.receive(5) == [] and flow.unacked == 0
+    assert counts(broker)["expired"] == 2
+
+
+def test_the_sweep_leaves_what_a_consumer_may_hold_to_delivery(broker, clock):
+    setup(broker, max_ttl=10)
+    flow = broker.bind("jobs")
+    broker.publish("jobs", b"held")
+    (held,) = flow.receive(5)
+    clock.advance(11)
+    assert broker.sweep_expired() == 0                  # in a consumer's hands: not killed
+    flow.ack(held)                                      # ... so its ack is the end of it
+    assert counts(broker)["expired"] == 0
