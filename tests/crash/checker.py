@@ -20,6 +20,9 @@ op                 written
 ``scale_skipped``  an online scaling not begun (its predecessor still draining): ignored
 =================  ==========================================================================
 
+The message lifecycle's events and counts (``delivery_count`` is checked in every round):
+``lifecycle_checks``.
+
 ``t`` is ``time.monotonic()``, one clock for every process of the host (CLOCK_MONOTONIC).
 
 Ordering: the logs are given (``check``) in the order their processes *owned delivery*. Only one
@@ -29,7 +32,8 @@ logs by their first ``bound`` event to get it.
 
 The counts (``check`` returns them as a dict; ``VIOLATIONS`` must all be 0):
 
-* ``lost``: publish returned, never delivered, and not excused by a scale-down (below).
+* ``lost``: publish returned, never delivered, and not excused by a scale-down (below), nor
+  found in the dead message queue (a message with a TTL there is ``dead_lost`` instead).
 * ``unexpected``: delivered, never attempted.
 * ``delivered_after_ack``: a delivery of an id after an ``acked`` line for it.
 * ``unmarked_redeliveries``: a delivery of an id already delivered (and not acked: those are
@@ -55,8 +59,9 @@ The counts (``check`` returns them as a dict; ``VIOLATIONS`` must all be 0):
 * ``garbled``: a delivered payload that did not parse, or whose key differs from the key the
   publisher used (message key, payload key and attempt key must agree).
 * ``acked_never_delivered``: an ``acked`` line for an id no ``delivered`` line names.
+* ``refused_but_delivered`` .. ``expired_delivered``: ``lifecycle_checks``.
 
-Allowed and counted: ``recovered`` (unknown outcome, found delivered), ``unknown_not_found``
+Allowed and counted: ``recovered`` (unknown outcome, found delivered or dead), ``unknown_not_found``
 (unknown outcome, never delivered), ``dropped_by_scale_down`` (publish returned, never
 delivered, in a partition a scale-down to ``to <= partition`` deleted, attempted before that
 scale-down ended), ``redeliveries``.
@@ -73,10 +78,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from lifecycle_checks import LIFECYCLE_OPS, LIFECYCLE_VIOLATIONS, check_lifecycle
+
 VIOLATIONS = ("lost", "unexpected", "delivered_after_ack", "unmarked_redeliveries",
               "order_violations", "partition_order_violations", "key_order_violations",
               "publish_order_violations",
-              "position_mismatches", "garbled", "acked_never_delivered")
+              "position_mismatches", "garbled", "acked_never_delivered", *LIFECYCLE_VIOLATIONS)
 EXAMPLES_PER_KIND = 5
 
 
@@ -127,6 +134,9 @@ class Parsed:
     published: dict[str, dict] = field(default_factory=dict)    # id -> published event
     scales: list[dict] = field(default_factory=list)            # {"to", "begin", "end", ...}
     stream: list[dict] = field(default_factory=list)   # delivered/acked/ack_sent, "owner" marks
+    refused: set[str] = field(default_factory=set)     # ids whose publish raised QueueFull
+    dead_ids: set[str] = field(default_factory=set)    # ids found in the dead message queue
+    life: list[dict] = field(default_factory=list)     # lifecycle events (``LIFECYCLE_OPS``)
 
 
 @dataclass
@@ -159,6 +169,12 @@ def parse(logs: Sequence[Iterable[dict]]) -> Parsed:
                         break
             elif op in ("delivered", "acked", "ack_sent"):
                 h.stream.append(e)
+            elif op == "refused":
+                h.refused.add(e["id"])
+            elif op in LIFECYCLE_OPS:
+                h.life.append({**e, "log": i})
+                if op == "dead" and e.get("id") is not None:
+                    h.dead_ids.add(e["id"])
     for i, s in enumerate(h.scales):
         if s["end"] is None:   # the scaler died: finished by some later open, before the next scale
             s["end"] = h.scales[i + 1]["begin"] if i + 1 < len(h.scales) else math.inf
@@ -166,11 +182,12 @@ def parse(logs: Sequence[Iterable[dict]]) -> Parsed:
 
 
 def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
-          concurrent: bool = False) -> dict:
+          concurrent: bool = False, lifecycle: dict | None = None) -> dict:
     """Check the logs; return the report: every count of ``VIOLATIONS`` and of the allowed
     kinds, ``examples`` of each violation, and ``ok`` (all violations 0). The logs are in
     delivery-ownership order (see the module doc), unless ``concurrent``: consumer processes
-    delivered at the same time (``concurrent_checks``)."""
+    delivered at the same time (``concurrent_checks``). ``lifecycle``: the queue's lifecycle
+    settings in a lifecycle round (``{"max_redelivery": N}``), else None."""
     rep = Report()
     h = parse(logs)
     if concurrent:
@@ -179,22 +196,23 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
     else:
         d = sequential_deliveries(h, rep)
     attempts, published, scales = h.attempts, h.published, h.scales
-    delivered_ids, acked_ids = d.delivered, d.acked
+    delivered_ids, acked_ids, dead_ids = d.delivered, d.acked, h.dead_ids
+    life = check_lifecycle(h, rep, d, lifecycle, concurrent, final_drain)
 
     # ---------------------------------------------------------------- publish side
     dropped = recovered = unknown_not_found = 0
     if final_drain:
         for mid, pub in published.items():
-            if mid in delivered_ids:
+            if mid in delivered_ids or mid in dead_ids:
                 continue
             t_attempt = attempts.get(mid, pub).get("t", pub.get("t", 0.0))
             if dropped_by(scales, pub["partition"], t_attempt):
                 dropped += 1
-            else:
+            elif "ttl" not in attempts.get(mid, {}):  # (with a TTL it must be dead: ``dead_lost``)
                 rep.add("lost", pub)
     for mid in attempts:
-        if mid not in published:
-            if mid in delivered_ids:
+        if mid not in published and mid not in h.refused:
+            if mid in delivered_ids or mid in dead_ids:
                 recovered += 1
             else:
                 unknown_not_found += 1
@@ -217,13 +235,13 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
     report = {k: rep.counts.get(k, 0) for k in VIOLATIONS}
     report.update(
         attempted=len(attempts), published=len(published),
-        unknown=sum(1 for m in attempts if m not in published),
+        unknown=sum(1 for m in attempts if m not in published and m not in h.refused),
         recovered=recovered, unknown_not_found=unknown_not_found,
         dropped_by_scale_down=dropped, deliveries=d.deliveries, delivered=len(delivered_ids),
         redeliveries=d.redeliveries, acked=len(acked_ids),
         never_acked_in_logs=sum(1 for m in delivered_ids if m not in acked_ids),
         scales=len(scales), final_drain=final_drain, key_order_checked=d.key_order_checked,
-        concurrent=concurrent,
+        concurrent=concurrent, **life,
     )
     report["ok"] = all(report[k] == 0 for k in VIOLATIONS)
     report["examples"] = {k: v for k, v in rep.examples.items() if v}
@@ -240,8 +258,8 @@ def sequential_deliveries(h: Parsed, rep: Report) -> Deliveries:
     order = OrderCheck()
     redeliveries = 0
     n_delivered = 0
-    key_order = KeyOrder(attempts, published, scales, stream) if all(s["online"] for s in scales) \
-        else None
+    key_order = KeyOrder(attempts, published, scales, stream, h.dead_ids) \
+        if all(s["online"] for s in scales) else None
     for e in stream:
         if e["op"] == "owner":
             if key_order is not None:
@@ -329,13 +347,13 @@ class KeyOrder:
     the order their publishes returned, and which are acked so far in the stream."""
 
     def __init__(self, attempts: dict, published: dict, scales: list[dict],
-                 stream: list[dict]) -> None:
+                 stream: list[dict], dead: set[str] = frozenset()) -> None:
         self.done: set[str] = set()
         self.by_key: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
         for mid, pub in published.items():
             att = attempts.get(mid)
-            if att is None or att.get("key") is None or "t" not in pub:
-                continue
+            if att is None or att.get("key") is None or "t" not in pub or mid in dead:
+                continue        # (a dead message's death is not in the logs: no order is owed)
             if dropped_by(scales, pub["partition"], att.get("t", pub["t"])):
                 continue        # may be deleted unacked: no order is owed to it
             self.by_key[att["key"]].append((pub["t"], pub["partition"], mid))

@@ -1,6 +1,7 @@
 """Crash-test consumer: the delivery owner. Receives, acks, holds, nacks until it is killed.
 
     python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P] [--prefix c]
+                       [--lifecycle]
 
 Opens the broker, then binds its flows (named PREFIX0, PREFIX1: a restarted consumer gets its
 partitions back, rule `named-flows`), retrying while another consumer process holds those names (a standby
@@ -14,6 +15,14 @@ and ``--churn`` it unbinds and rebinds the second flow now and then, so partitio
 off between flows while messages are in flight; held messages are acked later through the flow
 that received them: acks of those whose partition moved meanwhile are fenced (rule `fencing`, FlowFenced),
 and the others are acked.
+
+``delivered`` lines also carry ``w0``, the wall clock before the receive (expiry is checked
+against it). ``--lifecycle`` (``lifecycle``): in each batch, per partition, the first message of
+a poison key is nacked (now and then with a small delay; logged ``nacked`` with its
+delivery_count before the call, ``nack_failed`` when it raised), and the later messages of that
+partition in the batch are left alone (the nack gave them back); messages of a reject key before
+it are rejected (``rejected`` before the call, ``rejected_done`` once it returned,
+``reject_failed``); the others are processed as above.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ import random
 import sys
 import time
 
+import lifecycle
 from wlog import Log, delivered_event
 
 import partq
@@ -52,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flows", type=int, default=1)
     ap.add_argument("--churn", type=float, default=0.0)
     ap.add_argument("--prefix", default="c")
+    ap.add_argument("--lifecycle", action="store_true")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     log = Log(args.log)
@@ -90,6 +101,44 @@ def main(argv=None) -> int:
             return
         logged(msgs, t0)
 
+    def nack_or_reject(flow, msgs):
+        """The lifecycle's part of a batch: nack poison messages, reject those of reject keys;
+        return the messages left to process as usual."""
+        first_poison: dict[int, int] = {}
+        for m in msgs:
+            if lifecycle.fate(m.key) == lifecycle.POISON:
+                first_poison[m.partition] = min(m.seq, first_poison.get(m.partition, m.seq))
+        rest = []
+        for m in msgs:
+            stop = first_poison.get(m.partition)
+            fate = lifecycle.fate(m.key)
+            if stop is not None and m.seq > stop:
+                continue                  # given back by the poison message's nack
+            mid = delivered_event(m)["id"]
+            if fate == lifecycle.REJECT:
+                log.write({"op": "rejected", "id": mid, "delivery_count": m.delivery_count})
+                try:
+                    flow.reject(m)
+                except (partq.FlowFenced, partq.FlowClosed) as exc:
+                    log.write({"op": "reject_failed", "id": mid, "error": type(exc).__name__})
+                    continue
+                log.write({"op": "rejected_done", "id": mid})
+            elif fate != lifecycle.POISON:
+                rest.append(m)
+        for m in msgs:
+            if first_poison.get(m.partition) != m.seq:
+                continue
+            delay = round(rng.uniform(*lifecycle.NACK_DELAY_RANGE), 3) \
+                if rng.random() < lifecycle.NACK_DELAY_SHARE else None
+            mid = delivered_event(m)["id"]
+            log.write({"op": "nacked", "id": mid, "delivery_count": m.delivery_count,
+                       "delay": delay})
+            try:
+                flow.nack(m, delay=delay)
+            except (partq.FlowFenced, partq.FlowClosed) as exc:
+                log.write({"op": "nack_failed", "id": mid, "error": type(exc).__name__})
+        return rest
+
     while True:
         for flow, pending, msgs, t0 in in_flight:   # the last loop's acks committed meanwhile
             try:
@@ -102,7 +151,7 @@ def main(argv=None) -> int:
         for i, flow in enumerate(flows):
             if flow is None:
                 continue
-            t0 = time.monotonic()
+            t0, w0 = time.monotonic(), time.time()
             try:
                 msgs = flow.receive(rng.randint(1, 64), timeout=0.05)
             except partq.FlowClosed:
@@ -112,7 +161,11 @@ def main(argv=None) -> int:
                 continue
             if not msgs:
                 continue
-            log.write(*({**delivered_event(m), "t0": t0} for m in msgs))
+            log.write(*({**delivered_event(m), "t0": t0, "w0": w0} for m in msgs))
+            if args.lifecycle:
+                msgs = nack_or_reject(flow, msgs)
+                if not msgs:
+                    continue
             r = rng.random()
             if r < 0.7:
                 ack(flow, msgs)

@@ -14,6 +14,10 @@ restarted processes also arm a deterministic crash point (``PARTQ_CRASH_AT``) at
 Processes start and die while scalings run, so some of them open the directory mid-scaling and
 finish it alongside the scaler (the bugs that once lost messages there are pinned in
 ``test_crash_regressions``).
+
+*Lifecycle rounds* (``run_rounds(..., lifecycle_every=N)``; off by default, other rounds unchanged):
+the message lifecycle of ``lifecycle``; the drain drains the dead message queue too, and
+``logs/harness.jsonl`` says when consumer and scaler processes died, for ``lifecycle_checks``.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 import checker
+import lifecycle
+import lifecycle_checks
 import scaler
 from helpers import wait_until
 
@@ -110,6 +116,12 @@ class Figures:
     recovered: int = 0
     unknown: int = 0
     dropped_by_scale_down: int = 0
+    lifecycle_rounds: int = 0      # rounds with the message lifecycle (see the module doc)
+    refused: int = 0               # publishes refused by the quota (QueueFull)
+    certainly_dead: int = 0        # messages the checker knew had to die (``dead_lost``)
+    nacked: int = 0                # poison nacks
+    rejected: int = 0              # rejects that returned
+    dead: dict = field(default_factory=lambda: {r: 0 for r in lifecycle_checks.DEAD_REASONS})
     violations: dict = field(default_factory=lambda: {k: 0 for k in checker.VIOLATIONS})
     max_open_seconds: float = 0.0
     seconds: float = 0.0
@@ -124,6 +136,10 @@ class Figures:
             setattr(self, k, getattr(self, k) + report[k])
         for k in checker.VIOLATIONS:
             self.violations[k] += report[k]
+        for k in ("refused", "nacked", "rejected", "certainly_dead"):
+            setattr(self, k, getattr(self, k) + report[k])
+        for k in lifecycle_checks.DEAD_REASONS:
+            self.dead[k] += report["dead_by_reason"].get(k, 0)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -137,7 +153,7 @@ class RoundFailed(AssertionError):
 
 class Round:
     def __init__(self, spawner: Spawner, root: str, rng: random.Random, figures: Figures,
-                 duration: float) -> None:
+                 duration: float, lifecycle: bool = False) -> None:
         self.sp = spawner
         self.root = root
         self.data = os.path.join(root, "data")
@@ -169,11 +185,27 @@ class Round:
         self.stop_rate = 0.004 if self.spread else 0.0    # per look: a SIGSTOP now and then
         self.consumer_timeout = 1.0
         self.crash_point_rate = 0.25
+        # the message lifecycle (drawn after the rest: a round without it is drawn as before)
+        self.lifecycle = lifecycle
+        self.max_depth = rng.choice([200, 500, 1500]) if lifecycle else 0
+        self.dead_partitions = rng.randint(1, 3) if lifecycle else 0
+        self._hlog = None
+        self._polled = time.monotonic()     # when the last poll began (lifecycle rounds)
 
     def describe(self) -> dict:
         return {k: getattr(self, k) for k in ("partitions", "flows", "standby", "publishers",
                                               "rebalance_delay", "max_handoff_time", "scale_plan",
-                                              "online", "spread")}
+                                              "online", "spread", "lifecycle", "max_depth")}
+
+    def _died(self, proc: Proc, lo: float, status) -> None:
+        """Log (lifecycle rounds) that a consumer or scaler process died between ``lo`` and now:
+        its crash may count a delivery it never made (rule `delivery-count`)."""
+        if self._hlog is None or proc.role == "pub":
+            return
+        self._hlog.write(json.dumps({"op": "died", "proc": f"{proc.role}-{proc.slot}-{proc.inc}",
+                                     "role": proc.role, "status": status, "lo": lo,
+                                     "hi": time.monotonic()}) + "\n")
+        self._hlog.flush()
 
     # ------------------------------------------------------------------ processes
     def _start(self, role: str, slot: int, argv: list) -> Proc:
@@ -213,12 +245,14 @@ class Round:
             return False
 
     def _reap(self) -> None:
+        polled, self._polled = self._polled, time.monotonic()
         exited = self.sp.poll()
         for proc in list(self.procs):
             if proc.pid not in exited:
                 continue
             rc = exited[proc.pid]
             self.procs.remove(proc)
+            self._died(proc, polled, rc)
             if rc == -signal.SIGKILL and proc.crash_at:
                 self.fig.killed_by_crash_point += 1
             elif rc == 0 and proc.role == "scale":
@@ -237,8 +271,10 @@ class Round:
             self._start(proc.role, proc.slot, proc.argv)
 
     def _kill(self, proc: Proc) -> None:
+        lo = time.monotonic()
         status = self.sp.kill(proc.pid)
         self.procs.remove(proc)
+        self._died(proc, lo, status)
         if status == -signal.SIGKILL or status is None:
             self.fig.killed_by_harness += 1
         elif not (proc.role == "scale" and status == 0):
@@ -266,14 +302,28 @@ class Round:
 
     # ------------------------------------------------------------------ the round
     def run(self) -> dict:
+        extra = lifecycle.queue_options(self.max_depth) if self.lifecycle else {}
         with partq.Broker.open(self.data) as b:
+            if self.lifecycle:
+                b.create_queue(lifecycle.DEAD_QUEUE, partitions=self.dead_partitions)
             b.create_queue("q", partitions=self.partitions, rebalance_delay=self.rebalance_delay,
                            max_handoff_time=self.max_handoff_time,
-                           consumer_timeout=self.consumer_timeout)
+                           consumer_timeout=self.consumer_timeout, **extra)
         self.fig.rounds += 1
+        flag = ["--lifecycle"] if self.lifecycle else []
+        if self.lifecycle:
+            self.fig.lifecycle_rounds += 1
+            self._hlog = open(os.path.join(self.logs, "harness.jsonl"), "a")
+        try:
+            return self._run(flag)
+        finally:
+            if self._hlog is not None:
+                self._hlog.close()
+
+    def _run(self, flag: list) -> dict:
         for slot in range(self.publishers):
-            self._start("pub", slot, [])
-        con_argv = ["--flows", str(self.flows), "--churn", "0.02"]
+            self._start("pub", slot, flag)
+        con_argv = ["--flows", str(self.flows), "--churn", "0.02"] + flag
         if self.spread:
             self.fig.concurrent_rounds += 1
             for slot in range(self.spread):
@@ -311,7 +361,9 @@ class Round:
                 self._kill(proc)
         drain_log = os.path.join(self.logs, "zz-drain.jsonl")
         drain_err = os.path.join(self.errs, "drain.err")
-        pid = self.sp.spawn("drain", [self.data, drain_log, "--timeout", "60"], None, drain_err)
+        dead = ["--dead", lifecycle.DEAD_QUEUE] if self.lifecycle else []
+        pid = self.sp.spawn("drain", [self.data, drain_log, "--timeout", "60"] + dead, None,
+                            drain_err)
         exited: dict[int, int] = {}
 
         def drain_exited() -> bool:
@@ -329,17 +381,21 @@ class Round:
                                   f"{f.read().decode(errors='replace')[-3000:]}")
         drain_events = checker.read_log(drain_log)
         self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
-        report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread))
-        report["drained"] = drain_events[-1]
+        report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread),
+                               lifecycle={"max_redelivery": lifecycle.MAX_REDELIVERY}
+                               if self.lifecycle else None)
+        report["drained"] = next(e for e in drain_events if e["op"] == "drained")
         self.fig.add(report)
         if not report["ok"]:
             raise RoundFailed("checker found violations:\n" + checker.summary(report))
         return report
 
 
-def run_rounds(base: str, seed: int, rounds: int, duration: float) -> Figures:
+def run_rounds(base: str, seed: int, rounds: int, duration: float,
+               lifecycle_every: int = 0) -> Figures:
     """Run ``rounds`` rounds of ``duration`` seconds each under ``base``; raise ``RoundFailed``
-    (with the seed, the round and its shape) on the first failure."""
+    (with the seed, the round and its shape) on the first failure. ``lifecycle_every``: every
+    that many rounds one is a lifecycle round (rounds ``N-1``, ``2N-1``, ...; 1: all, 0: none)."""
     rng = random.Random(seed)
     fig = Figures()
     t0 = time.monotonic()
@@ -347,7 +403,8 @@ def run_rounds(base: str, seed: int, rounds: int, duration: float) -> Figures:
     try:
         for i in range(rounds):
             rnd = Round(spawner, os.path.join(base, f"round-{i:03d}"),
-                        random.Random(rng.randrange(1 << 62)), fig, duration)
+                        random.Random(rng.randrange(1 << 62)), fig, duration,
+                        lifecycle=bool(lifecycle_every) and i % lifecycle_every == lifecycle_every - 1)
             try:
                 rnd.run()
             except RoundFailed as exc:

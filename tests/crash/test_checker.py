@@ -26,25 +26,25 @@ class History:
         e.setdefault("t", self.t)
         return e
 
-    def attempt(self, mid, key="k"):
-        self.pub.append(self._ev(op="attempt", id=mid, key=key))
+    def attempt(self, mid, key="k", **extra):
+        self.pub.append(self._ev(op="attempt", id=mid, key=key, **extra))
         return self
 
     def published(self, mid, p, seq):
         self.pub.append(self._ev(op="published", id=mid, partition=p, seq=seq))
         return self
 
-    def publish(self, mid, p, seq, key="k"):
-        return self.attempt(mid, key).published(mid, p, seq)
+    def publish(self, mid, p, seq, key="k", **extra):
+        return self.attempt(mid, key, **extra).published(mid, p, seq)
 
     def restart_consumer(self):
         self.cons.append([self._ev(op="bound")])
         return self
 
-    def deliver(self, mid, p, seq, redelivered=False, key="k", pkey=None):
+    def deliver(self, mid, p, seq, redelivered=False, key="k", pkey=None, **extra):
         self.cons[-1].append(self._ev(op="delivered", id=mid, key=key,
                                       pkey=key if pkey is None else pkey,
-                                      partition=p, seq=seq, redelivered=redelivered))
+                                      partition=p, seq=seq, redelivered=redelivered, **extra))
         return self
 
     def ack(self, mid):
@@ -426,3 +426,4 @@ def test_concurrent_order_is_checked_per_consumer_process():
     h.deliver("a", 0, 0).deliver("b", 0, 1)
     h.restart_consumer().deliver("a", 0, 0, redelivered=True).ack("a").ack("b")
     only(h.check(concurrent=True))
+

@@ -6,6 +6,10 @@ Quick form (default): a few hundred kills in about a minute. Long form: ``PARTQ_
 prints its figures as one JSON line. ``PARTQ_CRASH_SEED`` fixes the seed (printed on failure);
 the seed fixes the schedule (which process dies when, crash points, workers' choices), not the
 exact interleaving.
+
+Both forms make every other round a lifecycle round (``harness``: max_redelivery, a dead message
+queue, a quota, TTLs, nacks and rejects, checked by ``lifecycle_checks``);
+``PARTQ_CRASH_LIFECYCLE=N`` makes it every N-th round (1: all, 0: none).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import pytest
 from harness import RoundFailed, run_rounds
 
 LONG = os.environ.get("PARTQ_CRASH_LONG") == "1"
+LIFECYCLE_EVERY = int(os.environ.get("PARTQ_CRASH_LIFECYCLE", "2"))
 
 
 def _seed() -> int:
@@ -28,7 +33,8 @@ def _run(tmp_path, rounds: int, seconds: float):
     seed = _seed()
     failure = None
     try:
-        fig = run_rounds(os.fspath(tmp_path), seed, rounds, seconds)
+        fig = run_rounds(os.fspath(tmp_path), seed, rounds, seconds,
+                         lifecycle_every=LIFECYCLE_EVERY)
     except RoundFailed as exc:
         failure = str(exc)
     if failure:
@@ -42,6 +48,8 @@ def test_random_kills_quick(tmp_path):
     fig = _run(tmp_path, rounds=6, seconds=7.0)
     assert fig.killed >= 150, fig.as_dict()
     assert fig.published > 0 and fig.acked > 0
+    if LIFECYCLE_EVERY and LIFECYCLE_EVERY <= 6:
+        assert fig.lifecycle_rounds and sum(fig.dead.values()) > 0, fig.as_dict()
 
 
 @pytest.mark.skipif(not LONG, reason="long form: set PARTQ_CRASH_LONG=1")

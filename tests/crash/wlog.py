@@ -38,11 +38,14 @@ def make_payload(mid: str, key: str | None, pad: int = 0) -> bytes:
 
 def delivered_event(msg) -> dict:
     """The ``delivered`` event of a received message; ``id`` is None when the payload is not
-    one of ours (the checker counts it as garbled)."""
+    one of ours (the checker counts it as garbled). ``delivery_count`` is partq's (rule
+    `delivery-count`), ``pt`` its publish time (wall clock, seconds: expiry is checked
+    against it)."""
     try:
         body = json.loads(msg.payload)
         mid, pkey = body["id"], body["key"]
     except (ValueError, KeyError, TypeError):
         mid, pkey = None, None
     return {"op": "delivered", "id": mid, "key": msg.key, "pkey": pkey, "partition": msg.partition,
-            "seq": msg.seq, "redelivered": msg.redelivered}
+            "seq": msg.seq, "redelivered": msg.redelivered, "delivery_count": msg.delivery_count,
+            "pt": msg.publish_time_ns / 1e9}
