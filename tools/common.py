@@ -101,9 +101,9 @@ class App:
                             f"init`, or pass --data (or PARTQ_DATA) pointing at a store")
 
     @contextlib.contextmanager
-    def broker(self, create: bool = False) -> Iterator[Broker]:
+    def broker(self, create: bool = False, **options) -> Iterator[Broker]:
         """The Broker of a command that writes (or binds): refused at once, with the reason,
-        where this user may not write the directory."""
+        where this user may not write the directory. ``options`` go to ``Broker.open``."""
         if not create:
             self._require_store()
         reason = read_only_reason(self.data)
@@ -112,7 +112,7 @@ class App:
                    f"run it as a user who may write {self.path} (queue list, queue show, stats, "
                    f"inspect and verify only read, and work without)")
             raise UserError(f"{reason}, and this command writes to the store; {fix}")
-        broker = Broker.open(self.data, create=create)
+        broker = Broker.open(self.data, create=create, **options)
         try:
             yield broker
         finally:

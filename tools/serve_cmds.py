@@ -69,6 +69,20 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="Serve Prometheus metrics over HTTP on this address (GET /metrics; an empty "
                    "HOST is 127.0.0.1; see docs/operations.md).")
+@click.option("--replication-listen", metavar="HOST:PORT",
+              help="Serve DR-standbys on this TCP address (`partq dr standby --primary`); "
+                   "without --replication-token-file only loopback standbys are let in.")
+@click.option("--replication-mode", type=click.Choice(["async", "sync"]), default="async",
+              show_default=True,
+              help="sync: a publish returns once a DR-standby has it (the first commit waits "
+                   "for a standby to connect).")
+@click.option("--replication-token-file", type=click.Path(dir_okay=False),
+              help="A file whose first line is the token standbys and this primary prove to "
+                   "each other.")
+@click.option("--replication-tls-cert", type=click.Path(dir_okay=False),
+              help="PEM certificate for TLS to standbys.")
+@click.option("--replication-tls-key", type=click.Path(dir_okay=False),
+              help="PEM private key of --replication-tls-cert.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="Least severe log lines written.")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
@@ -77,25 +91,40 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @pass_app
 def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | None,
           tls_key: str | None, max_connections: int, idle_timeout: float, max_frame: int,
-          metrics_listen: str | None, log_level: str, log_format: str, out: Output) -> None:
+          metrics_listen: str | None, replication_listen: str | None, replication_mode: str,
+          replication_token_file: str | None, replication_tls_cert: str | None,
+          replication_tls_key: str | None, log_level: str, log_format: str,
+          out: Output) -> None:
     """Run delivery (and, with --listen, publishing) of every queue in --data DIR until
     SIGTERM or Ctrl-C.
 
     Consumers in other processes of this host follow it over its Unix sockets; clients on other
     hosts reach it with partq.connect("HOST:PORT", token=...). It logs one line per connection,
     bind, disconnect and rebalance on stderr.
+
+    With --replication-listen it is also a DR primary: standbys started with `partq dr standby
+    --primary HOST:PORT` (same token, and --tls/--tls-ca when TLS is on) follow it.
     """
     configure_logging(log_level, log_format)
     token = read_token(token_file=token_file) if token_file else None
     context = tls_context(tls_cert, tls_key)
     if listen is None and (token or context):
         raise click.UsageError("--token-file and --tls-* apply to --listen")
+    replication: dict = {}
+    if replication_listen is not None:
+        replication = {"replication_listen": replication_listen,
+                       "replication_mode": replication_mode,
+                       "replication_token_file": replication_token_file,
+                       "replication_ssl": tls_context(replication_tls_cert, replication_tls_key)}
+    elif replication_token_file or replication_tls_cert or replication_tls_key:
+        raise click.UsageError("--replication-token-file and --replication-tls-* apply to "
+                               "--replication-listen")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())     # handlers only set flags
     limits = Limits(max_frame=max_frame, idle_timeout=idle_timeout,
                     max_connections=max_connections)
-    with app.broker(create=True) as broker:
+    with app.broker(create=True, **replication) as broker:
         server = None
         if listen is not None:
             server = Server(broker, listen, token=token, ssl_context=context, limits=limits)
@@ -116,6 +145,7 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
         started = {"serving": app.path, "listen": server.address if server else None,
                    "tls": context is not None, "token": token is not None,
                    "metrics": metrics.address if metrics else None,
+                   "replication": broker.replication_address if replication else None,
                    "queues": [c.name for c in broker.queues()]}
         if out.json:
             out.doc(started)
@@ -123,6 +153,7 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
             out.echo(f"serving {app.path}" + (f" on {server.address}" if server else "")
                      + (" with TLS" if context else "")
                      + (f", metrics on http://{metrics.address}/metrics" if metrics else "")
+                     + (f", DR-standbys on {broker.replication_address}" if replication else "")
                      + "; stop with Ctrl-C or SIGTERM")
         sys.stdout.flush()
         while not stop.wait(0.5):
