@@ -11,6 +11,11 @@ direction are in docs/spark.md and in ``partq.spark.batch``, ``.stream`` and ``.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import BinaryType, CharType, StringType, StructType, VarcharType
 
@@ -45,7 +50,31 @@ def register(spark, pushdown: bool | None = None) -> None:
     """
     if pushdown is None:
         pushdown = str(spark.conf.get(PUSHDOWN_CONF, "false")).lower() == "true"
+    check_workers_python(spark)
     spark.dataSource.register(PartqFilteringDataSource if pushdown else PartqDataSource)
+
+
+def check_workers_python(spark) -> None:
+    """In local mode, check that the interpreter Spark starts its Python workers with can
+    import partq, so that a missing ``PYSPARK_PYTHON`` is one line here rather than a worker's
+    traceback on the first query. (On a cluster the workers run elsewhere: not checked.)"""
+    master = str(spark.sparkContext.master)
+    if not master.startswith("local"):
+        return
+    python = (spark.conf.get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON")
+              or "python3")
+    if os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable):
+        return
+    try:
+        done = subprocess.run([python, "-c", "import partq.spark"], capture_output=True,
+                              timeout=60)
+        fine = done.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        fine = False
+    if not fine:
+        raise InvalidConfig(f"Spark starts its Python workers with {python!r}, which cannot "
+                            f"import partq; set PYSPARK_PYTHON={sys.executable} (the "
+                            f"interpreter of this session) before creating the SparkSession")
 
 
 def _find_column(schema: StructType, option: str, name: str):

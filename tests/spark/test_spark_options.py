@@ -31,3 +31,4 @@ def test_tls_true_alone_trusts_the_system_authorities():
     found = where({"queue": "q", "address": "127.0.0.1:1", "token": TOKEN, "tls": "true"})
     assert found.tls and found.ssl_context() is not None
     assert where({"queue": "q", "address": "127.0.0.1:1", "token": TOKEN}).ssl_context() is None
+
