@@ -13,6 +13,7 @@ from partq.states import AccessType, Partitioner, ScalingState
 PARTITIONERS = tuple(p.value for p in Partitioner)
 ACCESS_TYPES = tuple(a.value for a in AccessType)
 SCALING_STATES = tuple(s.value for s in ScalingState)
+ORDERINGS = ("partition", "key")
 MAX_PARTITIONS = 1 << 16
 DEFAULT_CONSUMER_TIMEOUT = 10.0
 # A TTL must keep publish time + TTL inside the unsigned 64-bit nanosecond range a record holds
@@ -64,6 +65,10 @@ class QueueConfig:
     # A flow holding unacked messages that has not called receive, ack or nack for this long is
     # unbound (a hung handler); 0 disables. Kafka's name and default.
     max_poll_interval: float = 300.0
+    # "partition": a partition delivers in sequence order (the Solace rule). "key": every
+    # message of one key in publish order, and what holds one key back holds no other (rule
+    # `key-ordering`).
+    ordering: str = "partition"
     # Maintained by the broker, not set by users:
     qid: int = 0
     scaling_status: str = ScalingState.READY     # rule `scaling`
@@ -103,6 +108,8 @@ class QueueConfig:
                                 f"letters, digits and . _ - /) or empty, not {dmq!r}")
         if dmq == self.name:
             raise InvalidConfig(f"queue {self.name!r} cannot be its own dead message queue")
+        if self.ordering not in ORDERINGS:
+            raise InvalidConfig(f"ordering must be one of {ORDERINGS}, not {self.ordering!r}")
         if self.access_type not in ACCESS_TYPES:
             raise InvalidConfig(f"access_type must be one of {ACCESS_TYPES}, not {self.access_type!r}")
         if self.partitioner not in PARTITIONERS:

@@ -95,12 +95,14 @@ class FlowEndpoint(Protocol):
         """Ack every message of ``partition`` up to ``seq``, delivered or not; a handle like
         ``ack_async``'s. Raises ``FlowFenced`` when the flow does not hold ``partition``."""
 
-    def nack(self, msg: Message, delay: float | None = None) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         """Give ``msg`` back: it and every later unacked message of its partition are delivered
         again, in order, marked redelivered (rule `partition-order`); only ``msg``'s delivery
         count grows. Its partition waits ``delay`` seconds first (None: the queue's redelivery
-        delay rule; ``Flow.nack`` checked it). A message not in flight to this flow is ignored.
-        Returns once the delivery count is durable. Raises ``FlowFenced``, ``InvalidAck``."""
+        delay rule; ``Flow.nack`` checked it). Under ``ordering="key"`` only ``msg``'s key
+        comes back and waits. Returns, once the delivery count is durable, the seqs of the
+        partition given back ([] for a message not in flight to this flow, ignored). Raises
+        ``FlowFenced``, ``InvalidAck``."""
 
     def reject(self, msg: Message) -> None:
         """``msg`` is dead at once: removed from the queue and appended to its dead message
@@ -264,17 +266,19 @@ class Flow:
         returns."""
         return Pending(self._endpoint.ack_through(partition, seq))
 
-    def nack(self, msg: Message, delay: float | None = None) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         """Return ``msg`` for redelivery (with every later unacked message of its partition:
-        rule `partition-order`). Its delivery count grows by one. ``delay``: seconds before it
-        comes back, its partition waiting meanwhile; None for the queue's rule
-        (``redelivery_delay``, growing by ``redelivery_delay_multiplier`` with each redelivery
-        up to ``redelivery_delay_max``; 0 means at once)."""
+        rule `partition-order`; under ``ordering="key"`` of its key only, rule `key-ordering`).
+        Returns the seqs of its partition that come back. Its delivery count grows by one.
+        ``delay``: seconds before it comes back, its partition (or key) waiting meanwhile;
+        None for the queue's rule (``redelivery_delay``, growing by
+        ``redelivery_delay_multiplier`` with each redelivery up to ``redelivery_delay_max``; 0
+        means at once)."""
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float))
                                   or not math.isfinite(delay) or not 0 <= delay <= MAX_SECONDS):
             raise InvalidConfig(f"delay must be a number of seconds from 0 to {MAX_SECONDS:g} "
                                 f"or None, not {delay!r}")
-        self._endpoint.nack(msg, delay)
+        return self._endpoint.nack(msg, delay)
 
     def reject(self, msg: Message) -> None:
         """The message cannot be processed, ever: it is dead at once, whatever

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import click
 
-from partq.config import ACCESS_TYPES, PARTITIONERS, USER_SETTABLE
+from partq.config import ACCESS_TYPES, ORDERINGS, PARTITIONERS, USER_SETTABLE
 
 
 class OnOff(click.ParamType):
@@ -82,6 +82,9 @@ SETTINGS = [
     ("--max-poll-interval", "max_poll_interval", click.FLOAT,
      "Seconds a consumer holding unacked messages may go without receiving, acking or nacking "
      "before it is unbound and its messages redelivered (0: never)."),
+    ("--ordering", "ordering", click.Choice(ORDERINGS),
+     "partition: each partition in sequence order; key: each key in publish order, and a "
+     "nack, its delay or a held key holds back only that key."),
     ("--access-type", "access_type", click.Choice(ACCESS_TYPES),
      "non-exclusive: partitioned; exclusive: not partitioned, one consumer at a time (its "
      "partition count is then 0). A change unbinds every consumer."),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from partq.delivery.handout import Handout
+from partq.delivery.key_order import KeyOrder, take_by_key
 from partq.errors import CorruptRecord
 from partq.message import Message
 from partq.storage.encoding import corruption, record_fields
@@ -40,9 +41,9 @@ MARK_LEASE = 1024
 class Cursor:
     __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk",
                  "epoch", "stale", "remote_held", "held_by", "suspect_from", "suspect_upto",
-                 "settled", "wait_until")
+                 "settled", "wait_until", "keyed")
 
-    def __init__(self, sp: int, ack, epoch: int = 0) -> None:
+    def __init__(self, sp: int, ack, epoch: int = 0, keyed: bool = False) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
         self.chunk = [None, 0, None]   # the last log chunk read (Reader.records' cache)
         self.ack = ack
@@ -56,7 +57,22 @@ class Cursor:
         self.remote_held = False  # a flow of another process holds it (the owner's cursor)
         self.held_by: int | None = None   # the old partition its next message waits for
         self.wait_until = 0.0     # a nack's delay holds the partition until then (clock.now())
+        self.keyed: KeyOrder | None = KeyOrder() if keyed else None   # ordering="key"
         self._suspect(ack)
+
+    def set_ordering(self, keyed: bool) -> None:
+        """The queue's ``ordering`` is (now) "key" or "partition". To "key": from the next
+        receive. To "partition": once the messages held back under "key" went out (their keys'
+        order needs them first), from the receive after."""
+        if keyed:
+            if self.keyed is None:
+                self.keyed = KeyOrder()
+            self.keyed.leaving = False
+        elif self.keyed is not None:
+            if self.keyed.pending:
+                self.keyed.leaving = True
+            else:
+                self.keyed = None
 
     def _suspect(self, ack) -> None:
         """Take the durable state's word for what an earlier holder delivered uncounted."""
@@ -108,6 +124,11 @@ class Cursor:
             if not flow.skip_corrupt:
                 return
             self.error = None       # a flow told to skip takes over where delivery stopped
+        if self.keyed is not None:
+            if not (self.keyed.leaving and not self.keyed.pending):
+                take_by_key(self, reader, qid, queue, flow, want, out, handout, hold)
+                return
+            self.keyed = None       # back to partition order: nothing is held any more
         if self.wait_until:
             if self.wait_until > handout.now:
                 handout.wake_at(self.wait_until)
@@ -173,6 +194,55 @@ class Cursor:
             if self.error is not None or self.held_by is not None:
                 break
 
+    def hand(self, seq: int, fields: list, flow, handout: Handout, out: list[Message],
+             suspect: bool) -> None:
+        """Hand out one message (``take_by_key``; the partition order loop of ``take`` does
+        the same inline): counts, expiry, the redelivery limit, then into ``out`` and in
+        flight."""
+        ack, p = self.ack, self.sp
+        failed = ack.failures.get(seq, 0) if ack.failures else 0
+        if suspect:
+            failed += 1               # an earlier holder's delivery, lost uncounted
+            ack.failures[seq] = failed
+            handout.count(p, seq, failed)
+        ts = fields[0]
+        if (len(fields) == 5 and fields[4] <= handout.now_ns) \
+                or (handout.max_ttl_ns and ts + handout.max_ttl_ns <= handout.now_ns):
+            handout.dead_letter(p, seq, fields, "expired", failed)
+            return
+        if handout.max_deliveries and failed >= handout.max_deliveries:
+            handout.dead_letter(p, seq, fields, "max_redelivery", failed)
+            return
+        if self.settled:
+            self.settled = False
+            handout.unsettle(p)
+        keyed = self.keyed
+        again = seq <= self.redeliver_upto
+        if keyed is not None:
+            if seq in keyed.again:
+                keyed.again.discard(seq)
+                again = True
+            keyed.keys[seq] = fields[1]
+        out.append(Message(flow.queue, p, seq, fields[1], fields[3], fields[2], ts, again,
+                           failed + 1))
+        self.inflight[seq] = flow.flow_id
+        if seq > self.high:
+            self.high = seq
+
+    def corrupt(self, seq: int, raw: bytes, queue: str, flow, handout: Handout) -> bool:
+        """A record that fails its checksum: True when the flow skips it (acked in memory and
+        in ``handout.skipped``), else delivery of the partition stops there (False)."""
+        exc = corruption(raw, queue, self.sp, seq)
+        if flow.skip_corrupt:
+            log.error("skipping (and acking) %s", exc)
+            self.ack.add([seq])
+            handout.skipped.setdefault(self.sp, []).append(seq)
+            return True
+        self.next = seq
+        self.error = exc
+        flow.pending_error = exc
+        return False
+
     def mark(self, reader, qid: int) -> tuple[int, int] | None:
         """Advance the delivered mark past what was delivered: (old, new) to make durable, or
         None when the durable mark already covers it."""
@@ -187,6 +257,8 @@ class Cursor:
         in order, marked redelivered."""
         self.redeliver_upto = max(self.redeliver_upto, self.high)
         self.next = self.ack.floor
+        if self.keyed is not None:
+            self.keyed.clear()
 
     def take_acks(self, ack) -> list[str]:
         """Acks were written outside delivery (``outside``): take the durable ack state
@@ -218,6 +290,8 @@ class Cursor:
         ``flow_id``."""
         if self.inflight.get(seq) != flow_id:
             return None
+        if self.keyed is not None:      # only its key comes back, only its key waits
+            return self.keyed.give_back(seq, self.inflight, delay, now)
         back = sorted(s for s in self.inflight if s >= seq)
         for s in back:
             del self.inflight[s]

@@ -173,8 +173,11 @@ class FlowCalls:
         return min(waits) if waits else None
 
     def delayed(self, now: float) -> int:
-        """Partitions waiting out a nack's delay now (each holds back its nacked message)."""
-        return sum(1 for ps in self.parts if ps.wait_until > now)
+        """Partitions waiting out a nack's delay now (each holds back its nacked message), and
+        under ``ordering="key"`` keys waiting out one."""
+        return sum(1 for ps in self.parts if ps.wait_until > now) + sum(
+            1 for ps in self.parts if ps.keyed is not None
+            for entry in ps.keyed.pending.values() if entry[2] > now)
 
     def ack(self, flow, msgs, now: float, reader) -> list:
         """Apply acks in memory and return the writes. Fencing (rule `fencing`): an ack of a message of a
@@ -278,26 +281,29 @@ class FlowCalls:
             if slot in self.core.handoffs else []
         return ops + self._run(actions, now)
 
-    def nack(self, flow, msg: Message, now: float, delay: float | None = None) -> list:
+    def nack(self, flow, msg: Message, now: float,
+             delay: float | None = None) -> tuple[list, list[int]]:
         """Give ``msg`` back: it and every later in-flight message of its partition are delivered
         again, in order, marked redelivered (rule `partition-order` holds across nacks); only
         ``msg`` counts a failed delivery. The partition waits ``delay`` seconds first (None: the
         queue's redelivery delay rule). A nack during a handoff counts like an ack towards it:
-        the old flow no longer holds the message. Returns the writes to submit."""
+        the old flow no longer holds the message. Under ``ordering="key"`` only ``msg``'s key
+        comes back and waits (``key_order``). Returns the writes to submit and the seqs given
+        back."""
         ps, slot = self._held_part(flow, msg, "nacked")
         if ps is None:
-            return []
+            return [], []
         failures = ps.ack.failed(msg.seq) + 1
         if delay is None:
             delay = redelivery_wait(self.config, failures)
         back = ps.give_back(msg.seq, flow.flow_id, delay, now)
         if back is None:
-            return []
+            return [], []
         flow.inflight -= len(back)
         ops = [self._failures_op(ps, ps.count_lost([msg.seq]))]
         if slot in self.core.handoffs:
-            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
-        return ops
+            ops += self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return ops, back
 
     def reject(self, flow, msg: Message, now: float, now_ns: int) -> list:
         """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its

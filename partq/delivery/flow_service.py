@@ -136,15 +136,17 @@ class FlowService:
         return fut
 
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
-             delay: float | None = None) -> None:
+             delay: float | None = None) -> list[int]:
         state.poll.touch(self.clock.now())
         with self._lock:
-            fut = self._submit(qd.nack(state, msg, self.clock.now(), delay))
+            ops, back = qd.nack(state, msg, self.clock.now(), delay)
+            fut = self._submit(ops)
             wake = qd.next_wake()
         if wake is not None:
             self.wake_at(wake)
         self.tally.nacked(qd.name)
         self._commit_and_notify(fut)
+        return back
 
     def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
         state.poll.touch(self.clock.now())

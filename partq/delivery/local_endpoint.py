@@ -29,7 +29,7 @@ class FlowDelivery(Protocol):
                     seq: int) -> WriteHandle | None: ...
 
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
-             delay: float | None) -> None: ...
+             delay: float | None) -> list[int]: ...
 
     def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
 
@@ -62,8 +62,8 @@ class LocalEndpoint:
     def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
         return self._delivery.ack_through(self._qd, self._state, partition, seq)
 
-    def nack(self, msg: Message, delay: float | None = None) -> None:
-        self._delivery.nack(self._qd, self._state, msg, delay)
+    def nack(self, msg: Message, delay: float | None = None) -> list[int]:
+        return self._delivery.nack(self._qd, self._state, msg, delay)
 
     def reject(self, msg: Message) -> None:
         self._delivery.reject(self._qd, self._state, msg)

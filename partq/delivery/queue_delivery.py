@@ -84,7 +84,8 @@ class QueueDelivery(FlowCalls):
         for sp, ps in kept.items():
             if sp not in index:
                 self._forget_inflight(ps)
-        self.parts = [kept.get(sp) or Cursor(sp, reader.ack_state(self.qid, sp))
+        keyed = self.config.ordering == "key"
+        self.parts = [kept.get(sp) or Cursor(sp, reader.ack_state(self.qid, sp), keyed=keyed)
                       for sp in index]
         self.slot_of = {sp: slot for slot, sp in enumerate(index)}
 
@@ -105,6 +106,9 @@ class QueueDelivery(FlowCalls):
         partitioned and non-partitioned unbind every flow, telling it why (rule `ingress-egress`)."""
         old = self.config
         self.config, self.config_raw = config, raw
+        if config.ordering != old.ordering:     # from the next receive on (rule `key-ordering`)
+            for ps in self.parts:
+                ps.set_ordering(config.ordering == "key")
         self.cutover = read_cutover(reader, self.qid)   # written with the count it switched
         self.core.rebalance_delay = config.rebalance_delay
         self.core.max_handoff_time = config.max_handoff_time

@@ -88,8 +88,8 @@ class AsyncFlow:
     def ack_many_async(self, msgs: Iterable[Message]):
         return self.sync.ack_many_async(list(msgs))
 
-    async def nack(self, msg: Message, delay: float | None = None) -> None:
-        await asyncio.to_thread(self.sync.nack, msg, delay)
+    async def nack(self, msg: Message, delay: float | None = None) -> list[int]:
+        return await asyncio.to_thread(self.sync.nack, msg, delay)
 
     async def reject(self, msg: Message) -> None:
         await asyncio.to_thread(self.sync.reject, msg)

@@ -266,12 +266,16 @@ class RemoteEndpoint:
                                     "partition": partition, "seq": seq},
                                    lambda frame: self._confirmed(acked))
 
-    def nack(self, msg: Message, delay: float | None = None) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         self._poll.touch(time.monotonic())
         self._refuse([msg], "nacked")
         reply = self.client.call({"op": "nack", "flow": self.flow_id,
                                   "id": [msg.partition, msg.seq], "delay": delay})
-        self._given_back(msg, reply.get("upto", 0))
+        back = reply.get("back")
+        if not isinstance(back, list):     # a server before "back": partition order
+            back = sorted(s for p, s in self._unacked if p == msg.partition and s >= msg.seq)
+        self._given_back(msg.partition, set(back), reply.get("upto", 0))
+        return back
 
     def reject(self, msg: Message) -> None:
         self._poll.touch(time.monotonic())
@@ -280,13 +284,13 @@ class RemoteEndpoint:
         with self._cond:
             self._unacked.discard((msg.partition, msg.seq))
 
-    def _given_back(self, msg: Message, upto: int) -> None:
+    def _given_back(self, partition: int, back: set[int], upto: int) -> None:
         with self._cond:       # the copies the nack gives back come again, marked
             self._buffer = deque((n, m) for n, m in self._buffer
-                                 if not (n <= upto and m.partition == msg.partition
-                                         and m.seq >= msg.seq))
+                                 if not (n <= upto and m.partition == partition
+                                         and m.seq in back))
             self._unacked = {(p, s) for p, s in self._unacked
-                             if not (p == msg.partition and s >= msg.seq)}
+                             if not (p == partition and s in back)}
 
     def unbind(self, reason: str = "unbound by the application") -> None:
         with self._cond:

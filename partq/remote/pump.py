@@ -90,11 +90,10 @@ class Pump:
         while not self._nacks.empty():
             req, msg, delay, reject = self._nacks.get()
             try:
+                back = [msg.seq] if reject else flow.nack(msg, delay)
                 if reject:
                     flow.reject(msg)
-                else:
-                    flow.nack(msg, delay)
-                session.send({"op": "ok", "req": req, "upto": self._sent})
+                session.send({"op": "ok", "req": req, "upto": self._sent, "back": back})
             except PartqError as exc:
                 session.send(error_frame(exc, req=req))
         try:

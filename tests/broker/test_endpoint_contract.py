@@ -372,3 +372,22 @@ def test_an_operator_kills_or_acks_a_held_message_by_its_position(kind):
     with pytest.raises(partq.PartitionNotFound):
         kind.broker.ack_message("q", 7, 0)
     assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
+
+
+def test_under_key_ordering_a_nack_gives_back_and_holds_only_its_key(kind):
+    make_queue(kind, ordering="key")
+    flow = kind.bind("q")
+    a, b = keys_of(1, 2)
+    kind.broker.publish_many("q", [(b"a1", a), (b"b1", b), (b"a2", a), (b"b2", b)])
+    a1, b1, a2, b2 = take(flow, 4)
+    assert flow.nack(a1, delay=1.5) == [a1.seq, a2.seq]
+    assert flow.unacked == 2
+    kind.broker.publish("q", b"b3", key=b)
+    (b3,) = take(flow, 1)                            # b is not held by a's delay
+    assert b3.payload == b"b3"
+    flow.ack_many([b1, b2, b3])
+    again = take(flow, 2)
+    assert [(m.payload, m.redelivered, m.delivery_count) for m in again] == [
+        (b"a1", True, 2), (b"a2", True, 1)]
+    flow.ack_many(again)
+    assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0

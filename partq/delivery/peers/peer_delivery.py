@@ -301,7 +301,8 @@ class PeerQueue:
         line with it (under the lock)."""
         assignment = self._read_assignment(r)
         qid = self.qid
-        flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp))
+        flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp),
+                  assignment.config.ordering == "key")
         flow.take_outside_acks(outside_count(r, qid), lambda sp: r.ack_state(qid, sp))
         return assignment
 
@@ -373,7 +374,7 @@ class PeerQueue:
         return raw is not None and raw["qid"] == self.qid and \
             Assignment(QueueConfig.from_dict(raw), w.state(self.qid)).holds(flow.flow_id, sp, epoch)
 
-    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> None:
+    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]:
         """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count durable,
         fenced: a flow that lost the partition counts nothing (its next holder does)."""
         clock = self.dispatcher.clock
@@ -389,8 +390,8 @@ class PeerQueue:
                 self._reports.append((None, flow))
         self.dispatcher.tally.nacked(self.queue)
         if taken is None:
-            return
-        cursor, epoch = taken
+            return []
+        cursor, epoch, back = taken
         counts = cursor.count_lost([msg.seq])
         qid, sp = self.qid, msg.partition
 
@@ -401,6 +402,7 @@ class PeerQueue:
         if wait > 0:
             self.dispatcher.wake_at(clock.now() + wait)
         self.dispatcher.notify()
+        return back
 
     def reject(self, flow: PeerFlow, msg: Message) -> None:
         """``msg`` is dead at once: acked here and appended to the dead message queue in one

@@ -40,7 +40,7 @@ class PeerGroup(Protocol):
 
     def ack_through(self, flow: PeerFlow, partition: int, seq: int) -> WriteHandle | None: ...
 
-    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> None: ...
+    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]: ...
 
     def reject(self, flow: PeerFlow, msg: Message) -> None: ...
 
@@ -101,11 +101,11 @@ class PeerFlow:
             return local.ack_through(partition, seq)
         return self._group.ack_through(self, partition, seq)
 
-    def nack(self, msg: Message, delay: float | None = None) -> None:
+    def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         local = self._local
         if local is not None:
             return local.nack(msg, delay)
-        self._group.nack(self, msg, delay)
+        return self._group.nack(self, msg, delay)
 
     def reject(self, msg: Message) -> None:
         local = self._local
@@ -220,7 +220,8 @@ class PeerFlow:
         if err is not None:
             raise err
 
-    def sync(self, held: list[tuple[int, int, int]], ack_state: Callable[[int], AckState]) -> None:
+    def sync(self, held: list[tuple[int, int, int]], ack_state: Callable[[int], AckState],
+             keyed: bool = False) -> None:
         """Bring its cursors in line with the owner's assignment ``held`` ((slot, partition,
         epoch) it holds): drop those of partitions it lost, holds under a new epoch (delivered
         again from the ack floor) or whose acks failed to commit (``resync``), and start one
@@ -238,7 +239,9 @@ class PeerFlow:
                 del self._cursors[sp]
         for sp, epoch in now.items():
             if sp not in self._cursors:
-                self._cursors[sp] = Cursor(sp, ack_state(sp), epoch)
+                self._cursors[sp] = Cursor(sp, ack_state(sp), epoch, keyed)
+        for cursor in self._cursors.values():
+            cursor.set_ordering(keyed)
 
     def take_outside_acks(self, count: int, ack_state: Callable[[int], AckState]) -> None:
         """Acks were written outside delivery (``partq.delivery.outside``) when ``count``
@@ -345,7 +348,8 @@ class PeerFlow:
             self._inflight -= 1
         return cursor.epoch
 
-    def apply_nack(self, msg: Message, delay: float, now: float) -> tuple[Cursor, int] | None:
+    def apply_nack(self, msg: Message, delay: float,
+                   now: float) -> tuple[Cursor, int, list[int]] | None:
         """Give ``msg`` and every later message of its partition in flight back, to be delivered
         again in order, marked, after ``delay`` seconds (``Cursor.give_back``). Returns the
         cursor and the epoch it holds the partition under, None when ``msg`` was not in flight
@@ -355,7 +359,7 @@ class PeerFlow:
         if back is None:
             return None
         self._inflight -= len(back)
-        return cursor, cursor.epoch
+        return cursor, cursor.epoch, back
 
     def apply_reject(self, msg: Message) -> tuple[Cursor, int] | None:
         """Take ``msg`` out of flight to be killed; the cursor and its epoch, None when it was
