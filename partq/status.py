@@ -17,6 +17,11 @@ class PartitionStatus:
     next_seq: int               # the sequence the next publish gets
     ack_floor: int              # every seq below it is acked
     error: str | None = None    # set when delivery stopped on a corrupt record
+    # ordering="key" (rule `key-ordering`): keys held back now by a nack, its delay or an
+    # online scaling's cut-over, and the messages they hold back (the delivery owner's own
+    # flows; 0 for flows of other processes)
+    held_keys: int = 0
+    held_messages: int = 0
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
         parts.append(PartitionStatus(
             partition=slot.partition, status=slot.status, flow=slot.flow,
             flow_name=slot.flow_name, depth=ack.backlog(head), unacked=slot.unacked,
-            next_seq=head, ack_floor=ack.floor, error=slot.error))
+            next_seq=head, ack_floor=ack.floor, error=slot.error, held_keys=slot.held_keys,
+            held_messages=slot.held_messages))
     parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                     if r.has_partition(config.qid, PARENT) else 0)
     procedure = read_procedure(r, config.name, config.qid)

@@ -345,7 +345,16 @@ class QueueDelivery(FlowCalls):
             return state.client if state.remote is not None else this_process
         view = view_of(self.core, [ps.sp for ps in self.parts], self.core.status, None,
                        bound=True, live=live, mode=self.mode, client=client)
-        return dataclasses.replace(view, delayed=self.delayed(now))
+        slots = []
+        for slot in view.slots:
+            ps = self.part(slot.partition)
+            keyed = ps.keyed if ps is not None else None
+            if keyed is not None and keyed.pending:
+                slot = dataclasses.replace(slot, held_keys=len(keyed.held) + sum(
+                    1 for e in keyed.pending.values() if e[0] is None),
+                    held_messages=len(keyed.pending))
+            slots.append(slot)
+        return dataclasses.replace(view, delayed=self.delayed(now), slots=slots)
 
     def _state_ops(self, now: float) -> list:
         blob = encode_state(self.mode, self.core)

@@ -65,6 +65,8 @@ class SlotView:
     flow_name: str | None
     unacked: int
     error: str | None
+    held_keys: int = 0          # ordering="key": keys held back now (rule `key-ordering`)
+    held_messages: int = 0      # ... and the messages they hold back
 
 
 @dataclass(frozen=True)

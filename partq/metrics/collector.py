@@ -197,7 +197,13 @@ class BrokerCollector(Collector):
                                  "the partition (its next sequence; durable)", labels)
         status = g("partq_partition_status", "1 for the partition's status (rule `partition-status`)",
                    (*labels, "status"))
+        held_keys = g("partq_held_keys", "Keys of the partition held back now (ordering=\"key\": "
+                      "a nack, its delay, an online scaling's cut-over)", labels)
+        held = g("partq_held_messages", "Messages the partition's held keys hold back now",
+                 labels)
         for p in st.partitions:
+            held_keys.add_metric([queue, partition_label(p.partition)], p.held_keys)
+            held.add_metric([queue, partition_label(p.partition)], p.held_messages)
             pl = [queue, partition_label(p.partition)]
             depth.add_metric(pl, p.depth)
             size.add_metric(pl, backlog.get(p.partition, 0))

@@ -105,3 +105,18 @@ def test_status_counts_keys_waiting_out_a_delay(broker, clock):
     assert broker.queue_status("q").delayed == 2
     clock.advance(11)
     assert len(drain(flow)) == 2
+
+
+def test_the_status_shows_the_keys_held_and_what_they_hold(broker, clock):
+    one_partition(broker)
+    broker.publish_many("q", [(b"a1", "a"), (b"b1", "b"), (b"a2", "a"), (b"u", None)])
+    flow = broker.bind("q")
+    a1, b1, a2, u = flow.receive(10)
+    flow.nack(a1, delay=5)                       # a holds a1 and a2
+    flow.nack(u, delay=5)                        # an unkeyed message waits alone
+    (p,) = broker.queue_status("q").partitions
+    assert (p.held_keys, p.held_messages) == (2, 3)
+    clock.advance(5.1)
+    assert len(flow.receive(10)) == 3
+    (p,) = broker.queue_status("q").partitions
+    assert (p.held_keys, p.held_messages) == (0, 0)
