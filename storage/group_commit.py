@@ -200,6 +200,7 @@ class GroupCommitWriter:
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
                     txn.commit()
+                store.cover_file()
                 if over and guard is not None:
                     self._bound_change_log(guard)
                 return results, lsn, replicated, writer.appended

@@ -67,6 +67,7 @@ class Store(CommitHooks):
         self._upgrade_lock = threading.Lock()
         self.env, self.dbs, self._env_readonly = self._open_environment(self._opening, map_size)
         psize = self._psize = self.env.stat()["psize"]
+        self._file_covers = 0           # data.mdb was this long or longer (``cover_file``)
         self._append_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
         from partq.storage.group_commit import GroupCommitWriter
         self._writer = GroupCommitWriter(self)
@@ -170,6 +171,21 @@ class Store(CommitHooks):
                 self.dbs = self._opening.open_dbs(self.env)
                 raise
             self.env, self.dbs, self._env_readonly = env, dbs, False
+
+    def cover_file(self) -> None:
+        """After a commit (the group-commit thread): LMDB never writes the pages a transaction
+        allocated and freed again, so ``data.mdb`` can end before the last page its meta page
+        counts. Extend it (sparsely) to that page, so that the file always covers it and the
+        check at open (``Opening``: shorter means truncated) stays true of healthy stores."""
+        last = self._info()["last_pgno"]
+        needed = (last + 1) * self._psize
+        if needed <= self._file_covers:
+            return
+        path = os.path.join(self.path, "data.mdb")
+        size = os.path.getsize(path)
+        if size < needed:
+            os.truncate(path, needed)
+        self._file_covers = max(size, needed)
 
     def _info(self) -> Any:
         """``env.info()`` that never meets the environment ``_make_writable`` closed."""

@@ -13,6 +13,7 @@ import lmdb
 import pytest
 from store_helpers import append, make_queue, payloads_of
 
+import partq
 from partq.errors import CorruptStore, FormatVersionMismatch, NotAPartqStore
 from partq.storage import FORMAT_VERSION, AckState, Store, encode_record
 from partq.storage.encoding import FORMAT_STAMP
@@ -213,3 +214,21 @@ def test_open_does_not_read_the_log(tmp_path, opened, monkeypatch):
     with store.read() as r:  # the probe does see log reads once the store is used
         assert r.stored_count(qids[0], 0) == 2500 - 1024
     assert probe.log_calls
+
+
+def test_a_commit_that_allocates_and_frees_pages_leaves_a_store_that_opens(tmp_path):
+    """LMDB never writes the pages a transaction allocated and freed again: data.mdb could end
+    before the last page its meta page counts, and the next open refused a healthy store as
+    truncated. The group commit now extends the file (sparsely) to cover that page."""
+    path = tmp_path / "s"
+    broker = partq.Broker.open(path)
+    broker.create_queue("q")
+    broker.publish("q", b"kept")
+
+    def grow_and_free(w):
+        w.put_local_meta(b"scratch", b"z" * (8 << 20))
+        w.delete_local_meta(b"scratch")
+    broker.store.write(grow_and_free)
+    broker.close()
+    with partq.Broker.open(path) as again:
+        assert again.queue_status("q").depth == 1
