@@ -268,6 +268,18 @@ class Cursor:
         gone = [s for s in self.inflight if self.ack.is_acked(s)]
         return [self.inflight.pop(s) for s in gone]
 
+    def put_back(self, seq: int, key: str | None, redelivered: bool) -> None:
+        """A message taken for a receive whose writes failed goes out again later: under
+        "partition" delivery goes back to it, under "key" it waits with its key's pending ones
+        (going back would deliver again what later receives hold)."""
+        if self.keyed is None:
+            self.next = min(self.next, seq)
+            return
+        self.keyed.keys.pop(seq, None)
+        if redelivered:
+            self.keyed.again.add(seq)
+        self.keyed.hold(seq, key, self.suspect_from <= seq <= self.suspect_upto)
+
     def outstanding(self, flow_id: str) -> int:
         return sum(1 for f in self.inflight.values() if f == flow_id)
 

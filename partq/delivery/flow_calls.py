@@ -138,11 +138,11 @@ class FlowCalls:
                 continue
             if ps.inflight.pop(m.seq, None) is not None:
                 flow.inflight -= 1
-            ps.next = min(ps.next, m.seq)
+            ps.put_back(m.seq, m.key, m.redelivered)
         for d in handout.dead:
             ps = self.part(d.partition)
             if ps is not None:
-                ps.next = min(ps.next, d.seq)
+                ps.put_back(d.seq, d.key, False)
 
     def collected(self, handout: Handout) -> None:
         """A collect's writes are durable: dead messages are acked."""
