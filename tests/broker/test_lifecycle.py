@@ -21,7 +21,7 @@ def dead_letters(broker, n_min: int = 0) -> list[partq.Message]:
 
 
 def counts(broker, queue: str = "jobs") -> dict:
-    with broker._store.read() as r:
+    with broker.store.read() as r:
         return dead_counts(r, broker.queue_config(queue).qid)
 
 
