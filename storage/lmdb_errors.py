@@ -15,6 +15,7 @@ retrying gives up do they reach this table.
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -112,12 +113,30 @@ ALREADY_OPEN = Translation(
 OTHER = Translation(CorruptStore, "LMDB failed", VERIFY)
 
 
-def translation_of(exc: lmdb.Error, step: Step) -> Translation:
+# LMDB reports a short write as EIO: on a disk this nearly full, that is a full disk
+FULL_DISK_BELOW = 1 << 20
+WRITE_FULL = Translation(StorageFull, "the disk holding it is full (LMDB could write only part "
+                         "of a commit)", FREE_SPACE)
+
+
+def disk_nearly_full(path: str) -> bool:
+    """Whether the file system holding ``path`` has less than ``FULL_DISK_BELOW`` bytes left."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < FULL_DISK_BELOW
+
+
+def translation_of(exc: lmdb.Error, step: Step, path: str = "") -> Translation:
     """The entry for ``exc``: by its class, else by the error number it carries."""
     for cls in type(exc).__mro__:
         if cls in BY_CLASS:
             return BY_CLASS[cls]
     code = getattr(exc, "code", 0) or 0
+    if code == errno.EIO and step in (Step.WRITE, Step.FLUSH) and path \
+            and disk_nearly_full(path):
+        return WRITE_FULL
     if code in BY_ERRNO:
         return BY_ERRNO[code]
     if code == 0 and step is Step.OPEN:
@@ -130,7 +149,7 @@ def translate(exc: BaseException, path: str, step: Step) -> BaseException:
     the store or file at ``path``); any other exception as it is."""
     if not isinstance(exc, lmdb.Error):
         return exc
-    entry = translation_of(exc, step)
+    entry = translation_of(exc, step, path)
     return entry.error(f"{step.value} {path}: {entry.meaning} (LMDB: {exc}); {entry.hint}")
 
 

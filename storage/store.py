@@ -28,6 +28,7 @@ from partq.storage.errors import BrokerClosed, InvalidConfig, PartqError, Storag
 from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
 from partq.storage.gate import TxnGate
 from partq.storage.lmdb_errors import Step, translated
+from partq.storage.space import Space
 from partq.storage.txn import DB_NAMES, Reader, change_log_note
 from partq.storage.writelock import WRITE_LOCK_POLL, write_lock
 from partq.storage.writer import Writer
@@ -67,8 +68,7 @@ class Store(CommitHooks):
         self._upgrade_lock = threading.Lock()
         self.env, self.dbs, self._env_readonly = self._open_environment(self._opening, map_size)
         psize = self._psize = self.env.stat()["psize"]
-        self._file_covers = 0           # data.mdb was this long or longer (``cover_file``)
-        self._append_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
+        self.space = Space(path, psize, max_map_size)
         from partq.storage.group_commit import GroupCommitWriter
         self._writer = GroupCommitWriter(self)
         self._flusher = None
@@ -173,19 +173,9 @@ class Store(CommitHooks):
             self.env, self.dbs, self._env_readonly = env, dbs, False
 
     def cover_file(self) -> None:
-        """After a commit (the group-commit thread): LMDB never writes the pages a transaction
-        allocated and freed again, so ``data.mdb`` can end before the last page its meta page
-        counts. Extend it (sparsely) to that page, so that the file always covers it and the
-        check at open (``Opening``: shorter means truncated) stays true of healthy stores."""
-        last = self._info()["last_pgno"]
-        needed = (last + 1) * self._psize
-        if needed <= self._file_covers:
-            return
-        path = os.path.join(self.path, "data.mdb")
-        size = os.path.getsize(path)
-        if size < needed:
-            os.truncate(path, needed)
-        self._file_covers = max(size, needed)
+        """After a commit (the group-commit thread): keep data.mdb covering the pages LMDB counts
+        and its reserve for acks allocated on disk (``partq.storage.space``)."""
+        self.space.after_commit(self._info()["last_pgno"])
 
     def _info(self) -> Any:
         """``env.info()`` that never meets the environment ``_make_writable`` closed."""
@@ -263,23 +253,21 @@ class Store(CommitHooks):
         """Run ``op`` in a write transaction shared with concurrent writers; return after commit."""
         return self.submit(op).result()
 
-    def appends_allowed(self, txn) -> bool:
-        """At ``max_map_size``, appends stop while fewer than a reserve (1/16 of the map, between
-        16 pages and 64 MiB) of pages are free, so that acks, which must copy pages before they
-        free any, can always run and drain a full store."""
+    def append_refusal(self, txn) -> str | None:
+        """Why appends must stop now, or None: they stop while a reserve for acks cannot be kept,
+        of the map at ``max_map_size`` or of the disk (``partq.storage.space``), so that acks,
+        which must copy pages before they free any, can always run and drain a full store."""
         info = self.env.info()
-        if info["map_size"] < self.max_map_size:
-            return True
-        psize = self.env.stat()["psize"]
-        # another process may have grown the map past this process's own limit: use it all
-        limit = max(self.max_map_size, info["map_size"]) - self._append_reserve
-        if (info["last_pgno"] + 1) * psize < limit:
-            return True
-        used = 4  # meta pages, main and free trees
-        for db in self.dbs.values():
-            st = txn.stat(db)
-            used += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
-        return used * psize < limit
+
+        def live_pages() -> int:
+            pages = 4  # meta pages, main and free trees
+            for db in self.dbs.values():
+                st = txn.stat(db)
+                pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+            return pages
+
+        return self.space.append_refusal(info["last_pgno"], info["map_size"],
+                                         self.max_map_size, live_pages)
 
     def install_snapshot(self, snapshot_dir: str, keep_meta: dict[bytes, bytes | None]) -> None:
         """Replace this store's contents with the LMDB environment in ``snapshot_dir`` (a
@@ -313,7 +301,8 @@ class Store(CommitHooks):
     def usage(self) -> dict:
         """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file
         ever used: LMDB reuses freed pages, the file never shrinks), ``live`` (bytes of pages the
-        data needs now), ``map_size``, and the reader slots in use."""
+        data needs now), ``map_size``, the reader slots in use, and ``disk_full`` (this process
+        refuses appends: the disk cannot give data.mdb its reserve for acks)."""
         self.check_usable()
         info, psize = self._info(), self._psize
         with self.read() as r:
@@ -322,7 +311,7 @@ class Store(CommitHooks):
         return {"file_size": os.path.getsize(os.path.join(self.path, "data.mdb")),
                 "high_water": (info["last_pgno"] + 1) * psize, "live": pages * psize,
                 "map_size": info["map_size"], "readers": info["num_readers"],
-                "max_readers": info["max_readers"]}
+                "max_readers": info["max_readers"], "disk_full": self.space.disk_short}
 
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group

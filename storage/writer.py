@@ -202,10 +202,9 @@ class Writer(Reader):
         unchanged, for no records: an empty chunk would take the previous chunk's key)."""
         if not records:
             return self.head(qid, partition)
-        if not self._store.appends_allowed(self._txn):
-            raise StorageFull(f"{self.path} is at max_map_size={self._store.max_map_size} bytes with "
-                              f"its reserve for acks reached; ack and drain messages, or open the "
-                              f"broker with a larger max_map_size{change_log_note(self)}")
+        refusal = self._store.append_refusal(self._txn)
+        if refusal is not None:
+            raise StorageFull(f"{self.path} {refusal}{change_log_note(self)}")
         heads = self._dbs["heads"]
         hkey = partition_key(qid, partition)
         raw = self._txn.get(hkey, db=heads)

@@ -41,7 +41,12 @@ class OwnerLock:
         stamp = f"pid {os.getpid()} on {socket.gethostname()} since " \
                 f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
         os.ftruncate(fd, 0)
-        os.pwrite(fd, stamp.encode(), 0)
+        try:
+            os.pwrite(fd, stamp.encode(), 0)
+        except OSError as exc:      # a full disk: the flock is the lock, the stamp only says who
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                os.close(fd)
+                raise
         self._fd: int | None = fd
         self._pid = os.getpid()
 

@@ -301,3 +301,6 @@ class BrokerCollector(Collector):
         g("partq_store_max_map_bytes", "The largest map the broker may grow to (writes fail "
           "with StorageFull past it)").add_metric([], store.max_map_size)
         g("partq_store_readers", "LMDB reader slots in use").add_metric([], usage["readers"])
+        g("partq_store_disk_full", "1 while publishes fail with StorageFull because the disk "
+          "cannot give data.mdb its reserve for acks (acks still run)").add_metric(
+            [], int(usage["disk_full"]))
