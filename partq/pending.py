@@ -16,6 +16,18 @@ class WriteHandle(Protocol):
         """Wait until the write is durable and return its value, or raise what it raised."""
 
 
+def add_done_callback(handle: object, fn) -> bool:
+    """Have ``fn()`` called once ``handle`` is done, by whichever thread finishes it (it must be
+    quick); False when the handle cannot call back (wait on it another way)."""
+    if handle is None:
+        fn()
+        return True
+    add = getattr(handle, "add_done_callback", None)
+    if add is None:
+        return False
+    return add(fn) is not False
+
+
 class Pending:
     """A write queued for the group commit. ``result()`` waits until it is durable and returns
     its value (the ``PublishResult`` of ``publish_async``; None for ``ack_many_async``) or
@@ -33,3 +45,7 @@ class Pending:
 
     def result(self):
         return self._value if self._fut is None else self._fut.result()
+
+    def add_done_callback(self, fn) -> bool:
+        """``add_done_callback(self's write, fn)``: False when that write cannot call back."""
+        return add_done_callback(self._fut, fn)

@@ -22,6 +22,7 @@ partition). The merged group runs at its first member's place; members keep thei
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from _thread import allocate_lock
@@ -37,6 +38,8 @@ from partq.storage.lmdb_errors import Step, translate
 from partq.storage.writer import Writer
 
 MAX_OPS_PER_COMMIT = 8192
+_callbacks_lock = threading.Lock()      # a Pending's callbacks against its resolution
+log = logging.getLogger("partq.storage")
 
 
 class SyncGate(Protocol):
@@ -50,7 +53,7 @@ class Pending:
     wake-up CPython has (a ``concurrent.futures.Future`` costs a Condition and notify_all per
     write, which showed up as GIL contention with 32 publishing threads)."""
 
-    __slots__ = ("op", "_done", "_value", "_error")
+    __slots__ = ("op", "_done", "_value", "_error", "_callbacks")
 
     def __init__(self, op: Callable) -> None:
         self.op = op
@@ -58,10 +61,27 @@ class Pending:
         self._done.acquire()
         self._value: object = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
 
     def resolve(self, value=None, error: BaseException | None = None) -> None:
         self._value, self._error = value, error
-        self._done.release()
+        with _callbacks_lock:
+            self._done.release()
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            try:
+                fn()
+            except Exception:   # a callback's failure is its own: the commit is made
+                log.exception("a callback of a commit failed")
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the write is resolved: at once if it is, else in the thread that
+        resolves it (the group-commit thread: ``fn`` must be quick and must not write)."""
+        with _callbacks_lock:
+            if not self.done():
+                self._callbacks = [*(self._callbacks or ()), fn]
+                return
+        fn()
 
     def done(self) -> bool:
         """Whether the commit has happened (or failed): ``result()`` would not wait."""

@@ -137,6 +137,9 @@ class RaisesRefusal:
     def result(self):
         return refusal_raised(self._fut.result())
 
+    def add_done_callback(self, fn) -> None:
+        self._fut.add_done_callback(fn)
+
 
 def _count(reader, qid: int, name: bytes) -> int:
     raw = reader.queue_meta(qid, name)

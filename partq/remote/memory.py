@@ -18,7 +18,9 @@ _LIBC = _libc()
 _MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
 _MALLOPT = getattr(_LIBC, "mallopt", None)
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 256 << 10
+# above msgpack's 256 KiB packing buffer, which every packb allocates and frees: at 256 KiB each
+# would be a mmap and munmap of its own (two system calls per frame and per ack state)
+MMAP_THRESHOLD = 1 << 20
 
 
 def keep_large_blocks_apart() -> None:

@@ -43,6 +43,7 @@ import threading
 
 from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
 from partq.jobs.staging import SPARK_OPS, spark_request
+from partq.pending import add_done_callback
 from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
 from partq.wire.error_frames import error_frame
@@ -114,7 +115,7 @@ class Session:
         self.client_id = client_id
         self.limits = server.limits
         self.flows: dict[str, Pump] = {}
-        self._outbox = Outbox(sock, "partq-serve-send")
+        self._outbox = Outbox(sock, "partq-serve-send", direct="try")
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.closed = threading.Event()
 
@@ -141,13 +142,16 @@ class Session:
         pumper.start()
         reason = "closed the connection"
         stream = self.sock.makefile("rb", buffering=1 << 16)
+        timeout = None
         try:
             while True:
                 if not self.wait_for_room(self.limits.max_pending_bytes, self.idle_timeout()):
                     reason = (f"read none of its answers for {self.idle_timeout():g} s "
                               f"({self._outbox.pending_bytes()} bytes waiting)")
                     break
-                self.sock.settimeout(self.idle_timeout())
+                if timeout != self.idle_timeout():      # a system call: only when it changes
+                    timeout = self.idle_timeout()
+                    self.sock.settimeout(timeout)
                 frame = read_frame(stream, self.limits.max_frame, MAX_ITEMS)
                 if not isinstance(frame, dict):
                     raise FrameError("a request must be a map")
@@ -190,18 +194,18 @@ class Session:
                 queue = str(frame.get("queue"))
                 if len(items) == 1 and isinstance(items[0], tuple) and len(items[0]) == 3:
                     one = self.broker.publish_async(queue, *items[0])   # merged with others
-                    self._completions.put((req, one, lambda r: {
+                    self._when_durable((req, one, lambda r: {
                         "op": "published", "req": req,
                         "results": [[r.partition, r.seq, r.discarded]]}))
                     return
                 pending = self.broker.publish_many_async(queue, items)
-                self._completions.put((req, pending, lambda results: {
+                self._when_durable((req, pending, lambda results: {
                     "op": "published", "req": req,
                     "results": [[r.partition, r.seq, r.discarded] for r in results]}))
             elif op == "publish_each":
                 items = [tuple(item) for item in frame.get("items", [])]
                 each = self.broker.publish_each_async(str(frame.get("queue")), items)
-                self._completions.put((req, each, lambda results: {
+                self._when_durable((req, each, lambda results: {
                     "op": "published", "req": req,
                     "results": [r.to_frame() if isinstance(r, PartqError)
                                 else [r.partition, r.seq, r.discarded] for r in results]}))
@@ -211,11 +215,11 @@ class Session:
                 pump = self._pump(frame)
                 msgs = [pump.message(p, s) for p, s in frame.get("ids", [])]
                 pending = pump.flow.ack_many_async(msgs)
-                self._completions.put((req, pending, lambda _: {"op": "ok", "req": req}))
+                self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op == "ack_through":
                 pending = self._pump(frame).flow.ack_through(int(frame["partition"]),
                                                             int(frame["seq"]))
-                self._completions.put((req, pending, lambda _: {"op": "ok", "req": req}))
+                self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op in ("nack", "reject"):
                 p, s = frame["id"]
                 delay = frame.get("delay")
@@ -321,18 +325,29 @@ class Session:
                              f"again")
         return pump
 
+    def _when_durable(self, item: tuple) -> None:
+        """Answer a request once its write is durable: from the thread that made it so (the
+        group commit: no hand-off to another thread), or, for a write that cannot call back
+        (made by the process that delivers the queue, when that is another), from the
+        completer thread."""
+        req, pending, answer = item
+        if not add_done_callback(pending, lambda: self._answer(req, pending, answer)):
+            self._completions.put(item)
+
+    def _answer(self, req, pending, answer) -> bool:
+        try:
+            frame = answer(pending.result())
+        except PartqError as exc:
+            frame = error_frame(exc, req=req)
+        try:
+            self.send(frame)
+        except OSError:
+            return False
+        return True
+
     def _complete(self) -> None:
-        """Answer requests whose writes were queued, as each becomes durable (in order)."""
+        """Answer requests whose writes cannot call back, as each becomes durable (in order)."""
         while True:
             item = self._completions.get()
-            if item is None:
-                return
-            req, pending, answer = item
-            try:
-                frame = answer(pending.result())
-            except PartqError as exc:
-                frame = error_frame(exc, req=req)
-            try:
-                self.send(frame)
-            except OSError:
+            if item is None or not self._answer(*item):
                 return

@@ -6,7 +6,9 @@ verify, and a frame longer than the reader's limit is refused before its body is
 """
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 import struct
 import threading
 
@@ -20,9 +22,16 @@ MAX_FRAME = 256 << 20
 CHUNK = 1 << 20
 
 
+_local = threading.local()
+
+
 def encode_frame(obj) -> bytes:
-    """The frame of ``obj``, header included."""
-    body = msgpack.packb(obj, use_bin_type=True)
+    """The frame of ``obj``, header included (packed by a packer of the calling thread: a new
+    one per frame would allocate its 256 KiB buffer each time)."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    body = packer.pack(obj)
     return HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
@@ -75,12 +84,15 @@ class Outbox:
     what is queued or being written, so that producers can wait for a slow reader
     (``wait_below``) instead of piling up memory."""
 
-    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None) -> None:
+    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None,
+                 direct: str | None = None) -> None:
         self._sock = sock
         self._cond = threading.Condition()
         self._frames: list[bytes] = []
         self._poked = False
         self._closed = False
+        self._writing = False          # a write is under way (the thread's, or a direct one)
+        self._direct = direct
         self._pending = 0
         self._on_error = on_error
         self._gather = gather          # () -> more frames, called before each write
@@ -88,13 +100,58 @@ class Outbox:
         self._thread.start()
 
     def put(self, frame: dict | bytes) -> None:
+        """Queue ``frame`` for the writing thread. With ``direct``, when nothing is queued or
+        being written, the caller's thread writes it instead, saving a thread's wake-up:
+        ``"wait"`` (a client, which waits for its answer anyway) writes all of it;
+        ``"try"`` (a server's commit or pump thread, which must never wait for a slow
+        client) writes what the socket takes without waiting and leaves the rest to the
+        writing thread. A write that fails closes the outbox and raises."""
         data = frame if isinstance(frame, bytes) else encode_frame(frame)
         with self._cond:
             if self._closed:
                 raise OSError("the connection is closed")
-            self._frames.append(data)
             self._pending += len(data)
-            self._cond.notify()
+            if self._direct is None or self._writing or self._frames or self._poked:
+                self._frames.append(data)
+                self._cond.notify()
+                return
+            self._writing = True
+        sent = 0
+        try:
+            if self._direct == "wait":
+                self._sock.sendall(data)
+                sent = len(data)
+            else:
+                sent = self._write_now(data)
+        except OSError as exc:
+            self._failed(exc)
+            raise
+        finally:
+            with self._cond:
+                self._writing = False
+                if sent < len(data) and not self._closed:
+                    self._frames.insert(0, data[sent:])     # the rest, before anything later
+                self._pending = max(0, self._pending - sent)
+                self._cond.notify_all()
+
+    def _write_now(self, data: bytes) -> int:
+        """Write what the socket takes at once; how many bytes. Only a socket in timeout mode
+        (its descriptor is non-blocking) that is not TLS (whose records cannot be cut
+        anywhere) is written this way; otherwise nothing is."""
+        sock = self._sock
+        if sock.gettimeout() is None or isinstance(sock, ssl.SSLSocket):
+            return 0
+        try:
+            return os.write(sock.fileno(), data)
+        except BlockingIOError:
+            return 0
+
+    def _failed(self, exc: OSError) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._on_error is not None:
+            self._on_error(exc)
 
     def pending_bytes(self) -> int:
         with self._cond:
@@ -120,28 +177,29 @@ class Outbox:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._frames and not self._poked and not self._closed:
+                while self._writing or (not self._frames and not self._poked
+                                        and not self._closed):
                     self._cond.wait()
                 frames, self._frames, self._poked = self._frames, [], False
                 closing = self._closed
-            if self._gather is not None:
-                frames += self._gather()
+                self._writing = True
             try:
+                if self._gather is not None:
+                    frames += self._gather()
                 if frames:
                     data = b"".join(frames)
                     frames.clear()
                     self._sock.sendall(data)
                     with self._cond:
                         self._pending = max(0, self._pending - len(data))
-                        self._cond.notify_all()
                     frames.append(data)      # something was written: not the closing round
             except OSError as exc:
-                with self._cond:
-                    self._closed = True
-                    self._cond.notify_all()
-                if self._on_error is not None:
-                    self._on_error(exc)
+                self._failed(exc)
                 return
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
             if closing and not frames:
                 return
 
