@@ -106,6 +106,10 @@ class _Each:
                 p.resolve(None, ProtocolMismatch(f"malformed answer from the server: {exc!r}"))
 
 
+class _HandshakeDropped(ServerUnavailable):
+    """The server closed the connection during the handshake (``Client._first_open``)."""
+
+
 def _hang_up(sock: socket.socket, stream, outbox: Outbox) -> None:
     """Close a connection the reader gave up on: the server sees it end (and unbinds its
     flows), and its writer thread stops."""
@@ -150,10 +154,26 @@ class Client:
         self.max_frame = MAX_FRAME
         self._outbox: Outbox | None = None
         self._sock: socket.socket | None = None
-        self._sock = self._open()
+        self._sock = self._first_open()
         self._start(self._sock)
 
     # ------------------------------------------------------------------ connection
+    def _first_open(self) -> socket.socket:
+        """``_open``, again while the server drops the handshake (it sheds the oldest
+        handshake when too many connections are in theirs: a flood of clients, or an attack),
+        for up to ``timeout`` seconds. A server that cannot be reached, or refuses the token,
+        fails at once."""
+        deadline = time.monotonic() + self.timeout
+        delay = BACKOFF[0]
+        while True:
+            try:
+                return self._open()
+            except _HandshakeDropped:
+                if time.monotonic() + delay >= deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, BACKOFF[1])
+
     def _open(self) -> socket.socket:
         try:
             sock = socket.create_connection(self._addr, timeout=self.timeout)
@@ -169,9 +189,10 @@ class Client:
                                      host=socket.gethostname(), client_id=self._client_id)
         except (OSError, FrameError, ssl_module.SSLError) as exc:
             sock.close()
-            raise ServerUnavailable(f"partq serve at {self.address} dropped the connection "
-                                    f"during the handshake ({exc}); check TLS and the token") \
-                from None
+            # a TLS failure is the configuration's, not the moment's: never tried again
+            kind = ServerUnavailable if isinstance(exc, ssl_module.SSLError) else _HandshakeDropped
+            raise kind(f"partq serve at {self.address} dropped the connection during the "
+                       f"handshake ({exc}); check TLS and the token") from None
         except PartqError:
             sock.close()
             raise
@@ -179,7 +200,7 @@ class Client:
         return sock
 
     def _start(self, sock: socket.socket) -> None:
-        self._outbox = Outbox(sock, "partq-client-send", gather=self._gather)
+        self._outbox = Outbox(sock, "partq-client-send", gather=self._gather, direct="wait")
         threading.Thread(target=self._read_loop, args=(sock, self._outbox),
                          name="partq-client-read", daemon=True).start()
         threading.Thread(target=self._beat_loop, args=(sock, self._outbox),
