@@ -44,6 +44,14 @@ BENCH_SCRIPTS := publish encode_cost quota_cost lifecycle_cost rebalance online_
 BENCH_OUT := bench/results/make_bench.jsonl
 
 bench: $(FULL)
+	@# the servers bench/peers.py and bench/remote.py start themselves, from Debian (as .ci/run);
+	@# one that cannot be installed makes its lines say "skipped"
+	if ! command -v redis-server >/dev/null || ! command -v nats-server >/dev/null \
+	    || [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
+	  (apt-get update -qq && apt-get install -y -qq redis-server rabbitmq-server nats-server >/dev/null) \
+	    || echo "redis-server, rabbitmq-server or nats-server could not be installed: their" \
+	            "benchmark lines will say skipped"; \
+	fi
 	rm -f $(BENCH_OUT).new
 	failed=""; for s in $(BENCH_SCRIPTS); do \
 	  $(BIN)/python bench/report.py --collect bench/$$s.py --into $(BENCH_OUT).new || failed="$$failed $$s"; \

@@ -1,25 +1,55 @@
-"""partq reached over a socket, beside Redis Streams reached over a socket (consumers issue).
+"""partq reached over a socket, beside Redis Streams, RabbitMQ, NATS JetStream and a reference server.
 
-Lines (JSON, one per result; ``ratio`` is the median of interleaved pairs, with its min-max):
+Lines (JSON, one per result; ``ratio`` is the median of interleaved pairs, with its min-max). Every
+socket line: 256-byte payloads, batches of 100, 1 and 4 client processes (``{n}``), each client
+process its own connection; a line carries ``durability`` (what a reply guarantees) and
+``peer_version``. partq's figure is the same in all the lines of one ``{n}`` (one set of slices).
 
-* ``remote_publish_pipelined_100_{1,4}_clients``: client processes publishing through
+* ``remote_publish_pipelined_100_{n}_clients``: client processes publishing through
   ``partq serve`` (``publish_async`` 100 at a time, then waiting for all: durable on return)
   beside ``redis_xadd_pipeline_100_{n}_clients`` (a pipeline of 100 XADD per round trip, Redis
-  with ``appendfsync always``), the same number of client processes.
-* ``remote_consume_ack_100_{1,4}_clients``: ``receive(100)`` + ``ack_many`` through the server
+  with ``appendfsync always``: equal durability), the same number of client processes.
+* ``remote_consume_ack_100_{n}_clients``: ``receive(100)`` + ``ack_many`` through the server
   beside ``redis_xreadgroup_xack_100_{n}_clients`` (XREADGROUP COUNT 100 + XACK), the same
   number of client processes, each with its own consumer name.
+* ``remote_{publish_pipelined,consume_ack}_100_{n}_clients_vs_rabbitmq``: the same partq figures
+  beside RabbitMQ (Debian's rabbitmq-server, started here on loopback, bench/brokers.py), a
+  durable quorum queue per slice: ``rabbitmq_quorum_publish_confirm_100_{n}_clients`` publishes
+  100 in confirm mode and waits for their 100 confirms; ``rabbitmq_quorum_consume_ack_100_{n}_
+  clients`` consumes with manual acks, prefetch 100, one ``basic_ack(multiple=True)`` per 100.
+  Durability equal for publishes: a quorum queue fdatasyncs its Ra WAL before it confirms
+  (strace: each confirm leaves after an fdatasync of the WAL). Its acks are logged too, but an
+  AMQP ack has no reply: the consumer does not wait for it (the next 100 do, prefetch 100).
+* ``remote_{publish_pipelined,consume_ack}_100_{n}_clients_vs_nats``: beside NATS JetStream
+  (Debian's nats-server 2.9, ``-js``, loopback), a file-storage stream per slice:
+  ``nats_jetstream_publish_100_{n}_clients`` sends 100 ``publish_async`` and gathers their 100
+  acks; ``nats_jetstream_fetch_ack_100_{n}_clients`` fetches 100 from a durable pull consumer
+  shared by the clients, ``ack()`` each, then one ``flush()`` (a PING round trip: the server has
+  the acks). NOT equal durability: no fsync per publish (the 2.9 file store syncs every 2
+  minutes; strace saw no fsync/fdatasync at all during publishes and consumes).
+* ``reference_{publish_pipelined,consume_ack}_100_{n}_clients``: bench/reference_server.py, the
+  least a server over the public ``partq.Broker`` API does (one thread per connection, one
+  request and one reply per batch: ``publish_many`` of 100; ``receive(100)`` with the previous
+  batch's ``ack_many`` riding on the request): the limit of partq serve's socket path, same
+  broker, same durability. ``remote_..._{n}_clients_vs_reference`` puts partq serve beside it
+  (ratio partq / reference; target 0.95).
 * ``local_consume_ack_2_processes``: two processes binding one directory (the second served by
   the first, rule `peer-flows`), beside ``local_consume_ack_1_process``. Target: 1.6x.
 * ``owner_failover``: SIGKILL of the process that owns delivery to the first message received
   by the surviving consumer process (median of the pairs).
 
-Method: every pair runs partq then its peer, slice after slice (``--pairs``, 7 by default), each
+A server that is not installed (redis-server, rabbitmq-server, nats-server, or their Python
+clients: the ``bench`` extra) or fails makes its figure ``peer_skipped`` with the reason; partq's
+figure is still measured. Every server is started on 127.0.0.1 on free ports in a temp folder
+and stopped at the end, also on errors, Ctrl-C and SIGTERM.
+
+Method: every pair runs partq then each peer, slice after slice (``--pairs``, 7 by default), each
 side warmed first; the ratio of each pair is reported as the median with its min and max; the
 first line, ``load_average_at_start``, carries the load average and CPU count. Client processes
-start and connect before a slice, then all start together.
+start and connect before a slice, then all start together. A consume slice drains a fresh queue
+(stream) pre-filled untimed with ``--prefill`` messages, or stops after ``--seconds``.
 
-    .venv/bin/python bench/remote.py [--quick]
+    .venv/bin/python bench/remote.py [--quick] [--only sockets] [--sides redis,rabbitmq,nats,reference]
 """
 from __future__ import annotations
 
@@ -34,13 +64,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from method import DEFAULT_PAIRS, emit, header, pairs_line  # noqa: E402
-from peers import RedisServer, Skip  # noqa: E402
+from brokers import die_with_parent  # noqa: E402
+from method import DEFAULT_PAIRS, emit, header, line, log, pairs_line  # noqa: E402
+from peers import Skip  # noqa: E402
+from remote_sides import NatsSide, RabbitMQSide, RedisSide, ReferenceSide, Side, run_clients, settled  # noqa: E402
 
 import partq  # noqa: E402
 
@@ -92,38 +125,6 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
     client.close()
 
 
-def _redis_publisher(port: int, ready, go, out, seconds: float, stream: str) -> None:
-    import redis
-    r = redis.Redis(host="127.0.0.1", port=port)
-    ready.release()
-    go.wait()
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        pipe = r.pipeline(transaction=False)
-        for _ in range(100):
-            pipe.xadd(stream, {"p": PAYLOAD})
-        pipe.execute()
-        n += 100
-    out.put(n)
-
-
-def _redis_consumer(port: int, ready, go, out, seconds: float, stream: str, me: str) -> None:
-    import redis
-    r = redis.Redis(host="127.0.0.1", port=port)
-    ready.release()
-    go.wait()
-    n, last, end = 0, time.monotonic(), time.monotonic() + seconds
-    while time.monotonic() < end:
-        got = r.xreadgroup("g", me, {stream: ">"}, count=100)
-        ids = [mid for mid, _ in got[0][1]] if got else []
-        if not ids:
-            break
-        r.xack(stream, "g", *ids)
-        n += len(ids)
-        last = time.monotonic()
-    out.put((n, last))
-
-
 def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name: str) -> None:
     broker = partq.Broker.open(data)
     flow = broker.bind(queue, name=name)
@@ -131,33 +132,6 @@ def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name:
     go.wait()
     out.put(_consume(flow, seconds))
     broker.close()
-
-
-def run_clients(target, args_list: list[tuple], seconds: float, settle=None) -> float:
-    """Start one process per args, wait until all are ready (and ``settle()`` returns: the
-    consumers' partitions assigned), start them together; return the total messages per
-    second: over the slice for publishers (they report a count), from the start to the last
-    ack for consumers (they report the count and the time of their last ack)."""
-    ctx = mp.get_context("spawn")
-    ready, go, out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args[:1], ready, go, out, seconds, *args[1:]))
-             for args in args_list]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        if not ready.acquire(timeout=60):
-            raise RuntimeError("a client process did not get ready within 60 s")
-    if settle is not None:
-        settle()
-    t0 = time.monotonic()
-    go.set()
-    results = [out.get(timeout=seconds + 120) for _ in procs]
-    elapsed = time.monotonic() - t0
-    for p in procs:
-        p.join(timeout=30)
-    if results and isinstance(results[0], tuple):
-        return sum(n for n, _ in results) / max(max(t for _, t in results) - t0, 1e-9)
-    return sum(results) / elapsed
 
 
 # ---------------------------------------------------------------------------- the server side
@@ -172,7 +146,8 @@ class PartqServe:
         self.proc = subprocess.Popen([PARTQ, "--data", self.data, "serve", "--listen",
                                       "127.0.0.1:0", "--token-file", token, "--json",
                                       "--log-level", "warning"],
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=die_with_parent)    # SIGTERM if the bench dies
         self.address = json.loads(self.proc.stdout.readline())["listen"]
         self._queues = 0
 
@@ -195,69 +170,70 @@ class PartqServe:
             self.proc.kill()
 
 
-def settled(data: str, queue: str, flows: int) -> None:
-    """Wait until ``flows`` flows hold the queue's partitions, rebalancing Ready."""
-    deadline = time.monotonic() + 60
-    with partq.Broker.open(data) as broker:
-        while True:
-            st = broker.queue_status(queue)
-            if st.rebalance_status == "Ready" and sum(1 for f in st.flows if f.active) == flows:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{flows} consumers of {queue} did not settle")
-            time.sleep(0.02)
-
-
-def fresh_stream(redis_server: RedisServer, prefill: int, tag: str) -> str:
-    r = redis_server.client
-    name = f"bench-{tag}-{time.monotonic_ns()}"
-    for start in range(0, prefill, 1000):
-        pipe = r.pipeline(transaction=False)
-        for _ in range(min(1000, prefill - start)):
-            pipe.xadd(name, {"p": PAYLOAD})
-        pipe.execute()
-    if prefill:
-        r.xgroup_create(name, "g", id="0")
-    return name
+SIDES = ("redis", "rabbitmq", "nats", "reference")
 
 
 # ---------------------------------------------------------------------------- the benches
-def remote_vs_redis(root: str, pairs: int, seconds: float, prefill: int) -> None:
+def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
+                    names: tuple[str, ...] = SIDES) -> None:
+    """partq serve beside each side, slice after slice (partq, then every side, publishing;
+    then the same consuming), ``pairs`` rounds after a warm-up round, 1 then 4 clients. The
+    reference runs right after partq: its ratio has the tightest target."""
+    every: dict[str, Callable[[], Side]] = {
+        "redis": RedisSide, "rabbitmq": RabbitMQSide, "nats": NatsSide,
+        "reference": lambda: ReferenceSide(root)}
+    sides = [every[name]() for name in names]
+    run_order = sorted(sides, key=lambda s: s.key != "reference")    # the reference first
     serve = PartqServe(root)
-    redis_server = RedisServer()
+    failed: dict[str, str] = {}
     try:
-        try:
-            redis_server.start()
-        except Skip as exc:
-            for n in (1, 4):
-                for name in (f"remote_publish_pipelined_100_{n}_clients",
-                             f"remote_consume_ack_100_{n}_clients"):
-                    emit({"name": name, "unit": "msgs/s", "value": None, "skipped": str(exc)})
-            return
-        port = redis_server.client.connection_pool.connection_kwargs["port"]
+        for side in sides:
+            try:
+                side.start()
+            except Skip as exc:
+                failed[side.key] = str(exc)
+                log("remote", f"{side.key} skipped: {exc}")
         for n in (1, 4):
-            pub, rpub, con, rcon = [], [], [], []
-            for i in range(pairs + 1):            # the first pair warms both sides
-                a = run_clients(_partq_publisher, [(serve.address,)] * n, seconds)
-                stream = fresh_stream(redis_server, 0, "pub")
-                b = run_clients(_redis_publisher, [(port, stream)] * n, seconds)
-                queue = serve.fresh_queue(prefill)
-                c = run_clients(_partq_consumer, [(serve.address, queue)] * n, seconds,
-                                settle=lambda q=queue, k=n: settled(serve.data, q, k))
-                stream = fresh_stream(redis_server, prefill, "con")
-                d = run_clients(_redis_consumer, [(port, stream, f"c{j}") for j in range(n)],
-                                seconds)
-                if i:
-                    pub.append(a)
-                    rpub.append(b)
-                    con.append(c)
-                    rcon.append(d)
-            emit(pairs_line(f"remote_publish_pipelined_100_{n}_clients", "msgs/s",
-                            f"redis_xadd_pipeline_100_{n}_clients", pub, rpub, 2.0))
-            emit(pairs_line(f"remote_consume_ack_100_{n}_clients", "msgs/s",
-                            f"redis_xreadgroup_xack_100_{n}_clients", con, rcon, 2.0))
+            pub: dict[str, list[float]] = {s.key: [] for s in sides}
+            con: dict[str, list[float]] = {s.key: [] for s in sides}
+            pub["partq"], con["partq"] = [], []
+            for i in range(pairs + 1):            # the first round warms every side
+                for kind, into in (("publish", pub), ("consume", con)):
+                    if kind == "publish":
+                        rate = run_clients(_partq_publisher, [(serve.address,)] * n, seconds)
+                    else:
+                        queue = serve.fresh_queue(prefill)
+                        rate = run_clients(_partq_consumer, [(serve.address, queue)] * n,
+                                           seconds, settle=lambda q=queue, k=n:
+                                           settled(serve.data, q, k))
+                    if i:
+                        into["partq"].append(rate)
+                    for side in run_order:
+                        if side.key in failed:
+                            continue
+                        try:
+                            rate = (side.publish(n, seconds) if kind == "publish"
+                                    else side.consume(n, seconds, prefill))
+                        except Exception as exc:  # a peer's failure is a result to report
+                            failed[side.key] = f"failed: {type(exc).__name__}: {exc}"
+                            log("remote", f"{side.key} failed in round {i}: {exc!r}")
+                            continue
+                        if i:
+                            into[side.key].append(rate)
+            for side in sides:
+                for samples, peer, mine in ((pub, side.pub_line, side.partq_pub),
+                                            (con, side.con_line, side.partq_con)):
+                    peer, mine = peer.format(n=n), mine.format(n=n)
+                    theirs = failed.get(side.key) or samples[side.key]
+                    version = "" if isinstance(theirs, str) else side.version
+                    if side.own_lines:            # the side's figure is a line of its own
+                        emit(line(peer, "msgs/s", theirs, digits=3, durability=side.durability,
+                                  version=version))
+                    emit(line(mine, "msgs/s", samples["partq"], peer, theirs, target=side.target,
+                              digits=3, durability=side.durability, peer_version=version))
     finally:
-        redis_server.stop()
+        for side in reversed(sides):
+            side.stop()
         serve.stop()
 
 
@@ -340,20 +316,35 @@ def failover(root: str, pairs: int) -> None:
                   "received by the surviving process (rebalance_delay 0.5 s)"})
 
 
+def _terminated(signum, _frame) -> None:
+    raise SystemExit(128 + signum)      # SIGTERM: unwind, so that every server is stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per slice")
+    parser.add_argument("--prefill", type=int, default=None, help="messages per consume slice")
+    parser.add_argument("--only", choices=("all", "sockets"), default="all",
+                        help="sockets: only the lines of partq serve beside its peers")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help=f"the peers beside partq serve, of {','.join(SIDES)}")
     args = parser.parse_args(argv)
+    names = tuple(s for s in args.sides.split(",") if s)
+    if set(names) - set(SIDES):
+        parser.error(f"unknown sides {sorted(set(names) - set(SIDES))}")
     pairs = args.pairs or (1 if args.quick else DEFAULT_PAIRS)
-    seconds = 0.5 if args.quick else 2.0
-    prefill = 3_000 if args.quick else 100_000
+    seconds = args.seconds or (0.5 if args.quick else 2.0)
+    prefill = args.prefill or (3_000 if args.quick else 100_000)
+    signal.signal(signal.SIGTERM, _terminated)
     emit(header("remote", pairs, slice_seconds=seconds))
     root = tempfile.mkdtemp(prefix="partq-bench-remote-")
     try:
-        remote_vs_redis(root, pairs, seconds, prefill)
-        local_processes(root, pairs, seconds, prefill)
-        failover(root, pairs)
+        remote_vs_peers(root, pairs, seconds, prefill, names)
+        if args.only == "all":
+            local_processes(root, pairs, seconds, prefill)
+            failover(root, pairs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
