@@ -16,6 +16,7 @@ from partq.delivery.dead_letter import DeadMessage, dead_op, rejected
 from partq.delivery.flow_state import FlowState, fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Cutover, Holds
+from partq.delivery.key_handoff import draining_hold, early_slots, target_holds
 from partq.delivery.layout import ack_parent_log
 from partq.delivery.outside import outside_count
 from partq.errors import FlowClosed, InvalidAck
@@ -89,9 +90,9 @@ class FlowCalls:
             return [], handout
         core, name, qid = self.core, self.name, self.qid
         owned = sorted(core.partitions_of(flow.flow_id))
-        if not owned:
+        if not owned and not core.handoffs:
             return [], handout
-        flow.rr = (flow.rr + 1) % len(owned)
+        flow.rr = (flow.rr + 1) % max(len(owned), 1)
         out: list[Message] = []
         holds = Holds(self.cutover, reader, qid) if self.cutover is not None else None
         for slot in owned[flow.rr:] + owned[:flow.rr]:
@@ -109,11 +110,31 @@ class FlowCalls:
             mark = ps.mark(reader, qid)
             if mark is not None:
                 handout.marks[ps.sp] = mark
+        if core.handoffs:
+            self._take_early(flow, want, out, handout, reader, holds)
         flow.inflight += len(out)
         if not out and flow.pending_error is not None:
             err, flow.pending_error = flow.pending_error, None
             raise err
         return out, handout
+
+    def _take_early(self, flow, want: int, out: list[Message], handout: Handout, reader,
+                    holds: Holds | None) -> None:
+        """Under ``ordering="key"``: take from the partitions handed off to ``flow`` whose
+        handoffs have not ended, passing over the keys their sources still hold
+        (``key_handoff``)."""
+        for slot, source in early_slots(self.core, self.flows, self.parts, flow.flow_id):
+            if len(out) >= want:
+                return
+            ps = self.parts[slot]
+            hold = draining_hold(ps, source, holds.gate(ps.sp) if holds is not None else None)
+            if hold is None or ps.keyed is None:
+                continue
+            ps.keyed.early = flow.flow_id
+            ps.take(reader, self.qid, self.name, flow, want, out, handout, hold)
+            mark = ps.mark(reader, self.qid)
+            if mark is not None:
+                handout.marks[ps.sp] = mark
 
     def undo_collect(self, flow, msgs: list[Message], handout: Handout) -> None:
         """The writes of a collect could not be made durable: put the messages back."""
@@ -194,7 +215,8 @@ class FlowCalls:
             if m.queue != self.name:
                 raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
             slot = slot_of.get(m.partition)
-            if slot is not None and owner[slot] != flow.flow_id:
+            if slot is not None and owner[slot] != flow.flow_id and not target_holds(
+                    self.core, self.parts[slot], slot, flow.flow_id, m.seq):
                 fenced.append(m)
         if fenced:
             raise fenced_error(self.name, flow, fenced, "acked")
@@ -329,7 +351,8 @@ class FlowCalls:
         slot = self.slot_of.get(msg.partition)
         if slot is None:
             return None, -1
-        if self.core.owner[slot] != flow.flow_id:
+        if self.core.owner[slot] != flow.flow_id and not target_holds(
+                self.core, self.parts[slot], slot, flow.flow_id, msg.seq):
             raise fenced_error(self.name, flow, [msg], verb)
         return self.parts[slot], slot
 

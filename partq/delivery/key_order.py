@@ -27,7 +27,7 @@ PENDING_LIMIT = 10_000
 
 
 class KeyOrder:
-    __slots__ = ("pending", "held", "again", "keys", "leaving")
+    __slots__ = ("pending", "held", "again", "keys", "leaving", "early")
 
     def __init__(self) -> None:
         self.leaving = False        # the queue went back to "partition": once pending is empty
@@ -35,6 +35,7 @@ class KeyOrder:
         self.held: dict[str, int] = {}          # key -> entries of it in ``pending``
         self.again: set[int] = set()
         self.keys: dict[int, str | None] = {}   # seq -> key of the messages in flight
+        self.early: str | None = None   # the flow taking from it during a handoff (key_handoff)
 
     def hold(self, seq: int, key: str | None, suspect: bool, not_before: float = 0.0) -> None:
         """``seq`` goes out later, before anything later of ``key``."""
@@ -86,6 +87,14 @@ class KeyOrder:
             self.hold(s, key, False, now + delay if s == seq and delay > 0 else 0.0)
         return back
 
+    def take_back(self, seqs) -> None:
+        """Deliveries of ``seqs`` ended unacked (counted by the caller): each goes out again,
+        marked redelivered, before anything later of its key."""
+        for s in seqs:
+            key = self.keys.pop(s, None)
+            self.again.add(s)
+            self.hold(s, key, False)
+
     def forget_inflight(self, seqs) -> None:
         for s in seqs:
             self.keys.pop(s, None)
@@ -95,6 +104,7 @@ class KeyOrder:
         self.pending.clear()
         self.held.clear()
         self.keys.clear()
+        self.early = None
 
 
 def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list,

@@ -26,6 +26,7 @@ from partq.delivery.cursor import Cursor
 from partq.delivery.flow_calls import FlowCalls
 from partq.delivery.flow_state import FlowState
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
+from partq.delivery.key_handoff import early_slots, give_back, keeps_inflight
 from partq.delivery.layout import delivery_layout, describe_mode
 from partq.delivery.moves import Moves
 from partq.delivery.outside import outside_count
@@ -96,9 +97,13 @@ class QueueDelivery(FlowCalls):
         return None if slot is None else self.parts[slot]
 
     def partitions_of(self, flow_id: str) -> frozenset[int]:
-        """The storage partitions a flow holds."""
+        """The storage partitions a flow holds, and under ``ordering="key"`` those handed off to
+        it that it takes from already (``key_handoff``)."""
         parts = self.parts
-        return frozenset(parts[slot].sp for slot in self.core.partitions_of(flow_id))
+        slots = self.core.partitions_of(flow_id)
+        if self.core.handoffs:
+            slots |= {slot for slot, _ in early_slots(self.core, self.flows, parts, flow_id)}
+        return frozenset(parts[slot].sp for slot in slots)
 
     def apply_config(self, config: QueueConfig, raw: bytes, reader, now: float) -> list:
         """The stored config changed (here or in another process): take the new settings; on a
@@ -148,6 +153,10 @@ class QueueDelivery(FlowCalls):
                 del ps.inflight[seq]
             if lost:
                 ops.append(self._failures_op(ps, ps.count_lost(sorted(lost))))
+                if ps.keyed is not None:    # back before later messages of their keys
+                    ps.keyed.take_back(sorted(lost))
+            if ps.keyed is not None and ps.keyed.early == flow.flow_id:
+                ps.keyed.early = None
         return ops + self._run(self.core.unbind(flow.flow_id, now), now)
 
     def unbind_hung(self, now: float) -> list:
@@ -222,8 +231,11 @@ class QueueDelivery(FlowCalls):
                                 ops += self._settle_ops(ps)
                             ps.remote_held = True     # its process reads and acks it itself
                         elif ps.inflight and not ps.remote_held:
-                            # the old flow's deliveries ended unacked (its handoff timed out)
-                            ops.append(self._failures_op(ps, ps.count_lost(sorted(ps.inflight))))
+                            # the old flow's deliveries ended unacked (its handoff timed out);
+                            # the new flow's, taken during a handoff under "key", go on
+                            lost = sorted(s for s, f in ps.inflight.items() if f != a.flow)
+                            if lost:
+                                ops.append(self._failures_op(ps, ps.count_lost(lost)))
                         elif ps.remote_held:
                             ps.stale, ps.remote_held = True, False   # read its state again
                         if a.flow is None:
@@ -310,6 +322,10 @@ class QueueDelivery(FlowCalls):
         if crashpoints.ENABLED:
             crashpoints.hit("during_handoff")
         ps = self.parts[p]
+        owner = self.core.owner[p]
+        if keeps_inflight(ps, owner):
+            give_back(ps, owner, self.flows)    # type: ignore[arg-type]
+            return
         self._forget_inflight(ps)
         ps.rewind()
 
