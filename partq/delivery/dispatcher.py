@@ -339,13 +339,21 @@ class Dispatcher(FlowService):
                 self._wake = when
 
     def _timer_due(self) -> bool:
+        if self._wake_due():
+            return True
+        now = self.clock.now()
+        with self._lock:
+            return any(d is not None and d <= now
+                       for d in (qd.core.next_deadline() for qd in self._runtimes.values()))
+
+    def _wake_due(self) -> bool:
+        """Whether a nack's delay has ended since the last look (``wake_at``)."""
         now = self.clock.now()
         with self._lock:
             if self._wake is not None and self._wake <= now:
                 self._wake = None
                 return True
-            return any(d is not None and d <= now
-                       for d in (qd.core.next_deadline() for qd in self._runtimes.values()))
+            return False
 
     def _due_timer_ops(self) -> list:
         now = self.clock.now()
@@ -373,7 +381,7 @@ class Dispatcher(FlowService):
         while not self._ticker_stop.wait(POLL_INTERVAL):
             try:
                 version = self.store.version()
-                if version != seen:
+                if version != seen or self._wake_due():     # a commit, or a delay ended
                     seen = version
                     self.notify()
                 self.tick()

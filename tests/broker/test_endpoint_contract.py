@@ -420,3 +420,17 @@ def test_under_key_ordering_a_handoff_holds_only_the_keys_its_source_still_holds
     assert m.payload == b"b2" and not m.redelivered
     two.ack(m)
     assert nothing_more(two) and kind.broker.queue_status("q").depth == 0
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_a_receive_waiting_when_a_nacks_delay_ends_gets_the_message(kind, ordering):
+    """A receive that waits is woken when a nack's delay ends (a due timer), not only at the end
+    of its own timeout: one receive with a timeout far longer than the delay gets the message."""
+    make_queue(kind, ordering=ordering)
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"later", key=keys_of(0, 1)[0])
+    (m,) = take(flow, 1)
+    flow.nack(m, delay=0.3)
+    got = flow.receive(10, timeout=60)
+    assert [(g.payload, g.redelivered) for g in got] == [(b"later", True)]
+    flow.ack_many(got)
