@@ -55,7 +55,9 @@ def cli(ctx: click.Context, data: str) -> None:
     --data DIR (or $PARTQ_DATA) names the store; it may also follow the command (partq queue
     list --data DIR). Every command takes --json for machine output: one JSON object, or one
     object per line for the commands that stream (inspect, consume, scale, standby). Exit
-    status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error.
+    status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error (an
+    unknown option, a missing argument, or a value an option refuses on its own: --partitions
+    0, --max -1, --ttl nan).
     """
     ctx.obj = App(data)
     show_warnings()

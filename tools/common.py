@@ -35,12 +35,29 @@ class UserError(click.ClickException):
         super().__init__(one_line(message))
 
 
+class BadOptionValue(UserError):
+    """An option's value the library refused (``--partitions -3``): a usage error, exit status
+    2, as for a value click's own checks refuse (``--max -1``): one rule for bad numbers."""
+
+    exit_code = 2
+
+
+def bad_option_value(condition: bool, message: str) -> None:
+    """``require`` for an option's value on its own ("--x must ..."): exit status 2."""
+    if not condition:
+        raise BadOptionValue(message)
+
+
 def translate(exc: BaseException) -> UserError | None:
     """The one place library and OS errors become CLI errors (None: not ours, let it through).
     A queue setting named in an ``InvalidConfig`` or ``InvalidMessage`` is given as the option
-    that sets it (``max_delivered_unacked_per_flow`` becomes ``--max-unacked``)."""
+    that sets it (``max_delivered_unacked_per_flow`` becomes ``--max-unacked``); an
+    ``InvalidConfig`` about one option's value ("--x must be ...") exits 2, as usage errors do."""
     if isinstance(exc, (InvalidConfig, InvalidMessage)):
-        return UserError(option_names(str(exc)))
+        message = option_names(str(exc))
+        if isinstance(exc, InvalidConfig) and re.match(r"--[\w-]+ must ", message):
+            return BadOptionValue(message)
+        return UserError(message)
     if isinstance(exc, PartqError):
         return UserError(str(exc))
     if isinstance(exc, OSError) and exc.errno != errno.EPIPE:

@@ -18,7 +18,7 @@ import click
 from partq import scaling
 from partq.storage.encoding import unpack_u64
 from partq.storage.txn import QUEUE_REMOVED
-from partq.tools.common import App, confirm, pass_app, require, stop_on_signals
+from partq.tools.common import App, bad_option_value, confirm, pass_app, require, stop_on_signals
 from partq.tools.output import Output, output_options
 
 
@@ -151,7 +151,7 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
         raise click.UsageError("pass --partitions N (or --abort)")
     for name, value in (("--drain-timeout", drain_timeout), ("--rebalance-timeout", rebalance_timeout),
                         ("--standby-timeout", standby_timeout)):
-        require(value >= 0, f"{name} must be a number of seconds >= 0")
+        bad_option_value(value >= 0, f"{name} must be a number of seconds >= 0")
     with app.broker() as broker:
         config = broker.queue_config(queue)
         scaling.check_scalable(config)                       # exclusive: nothing to scale

@@ -13,7 +13,7 @@ import json
 
 import msgpack
 import pytest
-from tools_helpers import json_lines, ok, run_script, script_user_error, usage_error, user_error
+from tools_helpers import json_lines, ok, option_error, run_script, script_user_error, usage_error, user_error
 
 import partq
 from partq import PARENT, scaling
@@ -299,7 +299,7 @@ def test_bad_parent_and_partition_choices(run, broker):
         user_error(run(*command), "queue 'plain' has partitions 0 to 2;", "no partition 7")
     user_error(run("inspect", "excl", "-p", "0"), "queue 'excl' has no partitions, only its "
                "parent-queue log (--parent)")
-    user_error(run("copy-out", "plain", "--to-queue", "plain"), "another queue")
+    option_error(run("copy-out", "plain", "--to-queue", "plain"), "another queue")
     user_error(run("copy-out", "excl", "--parent", "--to-queue", "excl"),
                "duplicate every message")
     assert broker.queue_status("excl").discarded == 0 and broker.queue_status("excl").depth == 0
@@ -325,7 +325,8 @@ def test_parent_errors_in_a_real_process(partq_script, data, run):
     ok(run("queue", "create", "plain", "-p", "3"))
     script_user_error(run_script(partq_script, data, "inspect", "plain", "--parent"),
                       "has no parent-queue log")
-    script_user_error(run_script(partq_script, data, "scale", "plain", "-p", "0", "--yes"))
+    script_user_error(run_script(partq_script, data, "scale", "plain", "-p", "0", "--yes"),
+                      status=2)
     usage = run_script(partq_script, data, "inspect", "plain", "--parent", "-p", "1")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
 

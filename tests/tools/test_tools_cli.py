@@ -6,7 +6,7 @@ import os
 
 import click
 import pytest
-from tools_helpers import invoke, ok, run_script, script_user_error, usage_error, user_error
+from tools_helpers import invoke, ok, option_error, run_script, script_user_error, usage_error, user_error
 
 import partq
 from partq.config import USER_SETTABLE
@@ -95,19 +95,8 @@ def test_usage_errors_exit_2(run, args):
     (["scale", "nope", "--partitions", "2", "--yes"], "no queue named 'nope'"),
     (["verify", "nope"], "no queue named 'nope'"),
     (["stats", "nope"], "no queue named 'nope'"),
-    (["queue", "create", "q", "--partitions", "0"], "partitions must be an integer from 1"),
-    (["queue", "create", "q", "--partitions", "-3"], "partitions must be an integer from 1"),
-    (["queue", "create", "q", "--partitions", "70000"], "partitions must be an integer from 1"),
     (["queue", "create", "orders"], "already exists"),
     (["queue", "create", "bad name!"], "queue name"),
-    (["queue", "create", "q", "--rebalance-delay", "-1"], "--rebalance-delay must be"),
-    (["queue", "create", "q", "--max-unacked", "0"], "--max-unacked must be"),
-    (["queue", "update", "orders", "--max-handoff-time", "nan"], "--max-handoff-time must be"),
-    (["queue", "create", "q", "--consumer-timeout", "0"], "--consumer-timeout must be"),
-    (["queue", "create", "q", "--max-key-size", "0"], "--max-key-size must be"),
-    (["queue", "create", "q", "--sticky-batch-size", "0"], "--sticky-batch-size must be"),
-    (["queue", "create", "q", "--availability-timeout", "-1"], "--availability-timeout must be"),
-    (["queue", "create", "q", "--max-message-size", "0"], "--max-message-size must be"),
     (["queue", "create", "ordérs"], "ASCII"),
     (["queue", "create", "orders\n"], "ASCII"),
     (["publish", "orders", "x" * 2000, "--key", "k" * 2000], "--max-key-size"),
@@ -118,18 +107,11 @@ def test_usage_errors_exit_2(run, args):
     (["publish", "orders", "--header", "novalue", "x"], "NAME=VALUE"),
     (["publish", "orders", "--format", "jsonl", "{}"], "argument 1"),
     (["publish", "orders", "--format", "jsonl", "not json"], "argument 1: not JSON"),
-    (["scale", "orders", "--partitions", "0", "--yes"], "partitions must be an integer from 1"),
-    (["scale", "orders", "--partitions", "-1", "--yes"], "partitions must be an integer from 1"),
     (["scale", "orders", "--partitions", "4"], "pass --yes"),
-    (["scale", "orders", "--partitions", "4", "--yes", "--drain-timeout", "-1"], "--drain-timeout"),
     (["queue", "delete", "orders"], "pass --yes"),
     (["inspect", "orders", "--partition", "2"], "partitions 0 to 1"),
     (["inspect", "orders", "--partition", "-1"], "partitions 0 to 1"),
-    (["inspect", "orders", "--limit", "-1"], "--limit"),
-    (["inspect", "orders", "--from-seq", "5", "--to-seq", "2"], "--to-seq"),
-    (["copy-out", "orders", "--to-queue", "orders"], "another queue"),
     (["copy-out", "orders", "--to-queue", "missing"], "no queue named 'missing'"),
-    (["copy-out", "orders", "--to-file", "x.jsonl", "--batch", "0"], "--batch"),
     (["copy-out", "orders", "--to-file", "x.jsonl", "--partition", "7"], "partitions 0 to 1"),
 ])
 def test_bad_input_is_one_line_and_exit_1(run, args, fragment):
@@ -137,9 +119,38 @@ def test_bad_input_is_one_line_and_exit_1(run, args, fragment):
     user_error(run(*args), fragment)
 
 
+# ------------------------------------------------------------- bad option values: exit 2, one line
+@pytest.mark.parametrize("args,fragment", [
+    (["queue", "create", "q", "--partitions", "0"], "partitions must be an integer from 1"),
+    (["queue", "create", "q", "--partitions", "-3"], "partitions must be an integer from 1"),
+    (["queue", "create", "q", "--partitions", "70000"], "partitions must be an integer from 1"),
+    (["queue", "create", "q", "--rebalance-delay", "-1"], "--rebalance-delay must be"),
+    (["queue", "create", "q", "--max-unacked", "0"], "--max-unacked must be"),
+    (["queue", "update", "orders", "--max-handoff-time", "nan"], "--max-handoff-time must be"),
+    (["queue", "create", "q", "--consumer-timeout", "0"], "--consumer-timeout must be"),
+    (["queue", "create", "q", "--max-key-size", "0"], "--max-key-size must be"),
+    (["queue", "create", "q", "--sticky-batch-size", "0"], "--sticky-batch-size must be"),
+    (["queue", "create", "q", "--availability-timeout", "-1"], "--availability-timeout must be"),
+    (["queue", "create", "q", "--max-message-size", "0"], "--max-message-size must be"),
+    (["scale", "orders", "--partitions", "0", "--yes"], "partitions must be an integer from 1"),
+    (["scale", "orders", "--partitions", "-1", "--yes"], "partitions must be an integer from 1"),
+    (["scale", "orders", "--partitions", "4", "--yes", "--drain-timeout", "-1"], "--drain-timeout"),
+    (["inspect", "orders", "--limit", "-1"], "--limit"),
+    (["inspect", "orders", "--from-seq", "5", "--to-seq", "2"], "--to-seq"),
+    (["copy-out", "orders", "--to-file", "x.jsonl", "--batch", "0"], "--batch"),
+    (["copy-out", "orders", "--to-queue", "orders"], "another queue"),
+])
+def test_a_bad_option_value_is_one_line_and_exit_2(run, args, fragment):
+    """One rule for bad numbers: a value an option refuses on its own (negative, zero where one
+    is needed, not finite, past its limit) is a usage error, as click's own checks make it
+    (``--max -1``); an error about the store's state (no such queue or partition) exits 1."""
+    ok(run("queue", "create", "orders", "-p", "2"))
+    option_error(run(*args), fragment)
+
+
 def test_failed_scale_validation_leaves_ingress_alone(run, broker):
     ok(run("queue", "create", "orders", "-p", "2"))
-    user_error(run("scale", "orders", "-p", "0", "--yes"))
+    assert run("scale", "orders", "-p", "0", "--yes").exit_code == 2
     assert broker.queue_config("orders").ingress_enabled
 
 
@@ -186,7 +197,7 @@ def test_errors_in_a_real_process(partq_script, tmp_path):
     script_user_error(missing, "does not exist", "partq --data")
     assert run_script(partq_script, data, "init").returncode == 0
     script_user_error(run_script(partq_script, data, "inspect", "nope"), "no queue named 'nope'")
-    script_user_error(run_script(partq_script, data, "queue", "create", "q", "-p", "0"))
+    script_user_error(run_script(partq_script, data, "queue", "create", "q", "-p", "0"), status=2)
     usage = run_script(partq_script, data, "queue", "create")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
     version = run_script(partq_script, data, "--version")

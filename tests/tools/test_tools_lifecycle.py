@@ -14,7 +14,7 @@ import time
 
 import pytest
 from helpers import wait_until
-from tools_helpers import json_lines, ok, usage_error, user_error
+from tools_helpers import json_lines, ok, option_error, usage_error, user_error
 
 import partq
 from partq.tools import common
@@ -53,7 +53,7 @@ def test_publish_ttl_then_consume_after_expiry_delivers_nothing(run, broker, job
 
 @pytest.mark.parametrize("ttl", ["-1", "nan", "inf", "1e12"])
 def test_publish_refuses_a_bad_ttl(run, jobs, ttl):
-    user_error(run("publish", jobs, "x", "--ttl", ttl), "--ttl must be a number of seconds")
+    option_error(run("publish", jobs, "x", "--ttl", ttl), "--ttl must be a number of seconds")
     assert _dead(run, jobs) == []
 
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 
 import pytest
-from tools_helpers import json_lines, ok, usage_error, user_error
+from tools_helpers import json_lines, ok, option_error, usage_error, user_error
 
 import partq
 from partq.delivery.lock import LOCK_DIR, OwnerLock
@@ -262,11 +262,17 @@ def test_requeue_json_shape_and_progress(run, broker, queues, monkeypatch):
 @pytest.mark.parametrize("args,fragments", [
     (["nope"], ["no queue named 'nope'"]),
     (["dmq", "--to", "nope"], ["no queue named 'nope'"]),
-    (["dmq", "--to", "dmq"], ["--to must name another queue than the dead message queue"]),
-    (["dmq", "--limit", "-1"], ["--limit must be 0 (no limit) or more"]),
 ])
 def test_requeue_bad_input_is_one_line(run, queues, args, fragments):
     user_error(run("dead", "requeue", *args), *fragments)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["dmq", "--to", "dmq"], ["--to must name another queue than the dead message queue"]),
+    (["dmq", "--limit", "-1"], ["--limit must be 0 (no limit) or more"]),
+])
+def test_requeue_bad_option_values_exit_2(run, queues, args, fragments):
+    option_error(run("dead", "requeue", *args), *fragments)
 
 
 def test_requeue_refuses_what_would_lose_messages(run, broker, queues):

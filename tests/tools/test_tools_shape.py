@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 import pytest
-from tools_helpers import invoke, json_lines, ok, usage_error, user_error
+from tools_helpers import invoke, json_lines, ok, option_error, usage_error, user_error
 
 import partq
 from partq.tools import clidoc
@@ -195,10 +195,10 @@ def test_option_names_in_errors(message, expected):
 
 def test_errors_name_options_in_every_queue_command(run):
     ok(run("queue", "create", "q"))
-    line = user_error(run("queue", "update", "q", "--max-unacked", "0"), "--max-unacked must be")
+    line = option_error(run("queue", "update", "q", "--max-unacked", "0"), "--max-unacked must be")
     assert "max_delivered" not in line
-    line = user_error(run("queue", "create", "p", "--consumer-timeout", "9999"),
-                      "--consumer-timeout must be")
+    line = option_error(run("queue", "create", "p", "--consumer-timeout", "9999"),
+                        "--consumer-timeout must be")
     assert "consumer_timeout" not in line
 
 

@@ -57,6 +57,18 @@ def user_error(result: Result, *fragments: str) -> str:
     return lines[0]
 
 
+def option_error(result: Result, *fragments: str) -> str:
+    """A value an option refuses on its own: exit 2 (a usage error), exactly one line on
+    stderr, "Error: ...", naming the option; returns that line."""
+    assert result.exit_code == 2, describe(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), describe(result)
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], describe(result)
+    return lines[0]
+
+
 def usage_error(result: Result) -> None:
     assert result.exit_code == 2, describe(result)
     assert "Traceback" not in result.output
@@ -71,8 +83,8 @@ def run_script(script: str, data: str, *args, timeout: float = 60) -> subprocess
                           text=True, timeout=timeout)
 
 
-def script_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+def script_user_error(proc: subprocess.CompletedProcess, *fragments: str, status: int = 1) -> str:
+    assert proc.returncode == status, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr
     for fragment in fragments:
