@@ -12,9 +12,11 @@ op                 written
 ``bound``          by a consumer once its flow(s) are bound: t (orders consumer processes)
 ``delivered``      for every message a receive returned: id (from the payload), key (the
                    message's key), pkey (the key embedded in the payload), partition, seq,
-                   redelivered
+                   redelivered, flow (the flow's name; the drain's lines have none)
 ``ack_sent``       before ack_many_async is called: id (its ``acked`` line comes later)
 ``acked``          after ack/ack_many returned: id
+``gave_back``      after a nack returned: id, flow, partition, seqs (what the nack gave back)
+``unbound``        after the consumer unbound a flow, or a receive found it unbound: flow
 ``scale_begin``    by a scaler before ``scale(q, to)``: from, to, online, t
 ``scale_end``      after it returned: to, t
 ``scale_skipped``  an online scaling not begun (its predecessor still draining): ignored
@@ -38,16 +40,22 @@ The counts (``check`` returns them as a dict; ``VIOLATIONS`` must all be 0):
 * ``delivered_after_ack``: a delivery of an id after an ``acked`` line for it.
 * ``unmarked_redeliveries``: a delivery of an id already delivered (and not acked: those are
   ``delivered_after_ack``) without ``redelivered=True``. Duplicates are allowed only this way.
-* ``order_violations`` (rule `partition-order`), per key and partition (a key maps to one partition until a
-  scaling changes the count, and no order is promised across that change). For each (key, partition):
+* ``order_violations`` (rules `partition-order`, `key-ordering`), per key and partition (a key
+  maps to one partition until a scaling changes the count, and no order is promised across that
+  change). For each (key, partition):
   (a) the *first* deliveries of its messages come in increasing seq order (seq order is publish
   order, checked by ``publish_order_violations``), and (b) a delivery whose seq is lower than
   the highest seq delivered before for that key and partition is marked redelivered.
   Each delivery breaking (a) or (b) counts once.
 * ``partition_order_violations``: the same two rules per partition (keys and unkeyed alike).
-* ``key_order_violations`` (rule `online-scaling`), checked when every scaling was online: a message of key k
-  delivered while an earlier message of k (its publish returned before this one was attempted)
-  in *another* partition is not acked yet, and was not in a partition a scale-down deleted.
+  Not checked in key rounds (``ordering="key"``): there keys overtake each other inside a
+  partition, unkeyed messages have no order, and a nack gives back only its key.
+* ``key_order_violations`` (``key_checks``; rule `online-scaling`, checked when every scaling
+  was online; rule `key-ordering`, checked in every key round): a message of key k delivered
+  while an earlier message of k (its publish returned before this one was attempted) in
+  *another* partition is not acked yet, or (key rounds) in *its* partition is neither acked nor
+  held by the flow it goes to; not owed to a message in a partition a scale-down deleted, nor
+  to a dead one.
   "Acked" here is the ``acked`` line, or for an async ack its ``ack_sent`` line (its commit
   time is not logged), or for a message a killed owner delivered and nobody delivered again
   the death of that owner (its ack committed, its line was never written); so the rule is
@@ -77,7 +85,9 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
+from key_checks import Holds, KeyOrder, dropped_by
 from lifecycle_checks import LIFECYCLE_OPS, LIFECYCLE_VIOLATIONS, check_lifecycle
 
 VIOLATIONS = ("lost", "unexpected", "delivered_after_ack", "unmarked_redeliveries",
@@ -85,6 +95,8 @@ VIOLATIONS = ("lost", "unexpected", "delivered_after_ack", "unmarked_redeliverie
               "publish_order_violations",
               "position_mismatches", "garbled", "acked_never_delivered", *LIFECYCLE_VIOLATIONS)
 EXAMPLES_PER_KIND = 5
+STREAM_OPS = frozenset({"delivered", "acked", "ack_sent", "gave_back", "unbound"})
+ORDERINGS = ("partition", "key")
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:
@@ -133,7 +145,7 @@ class Parsed:
     attempts: dict[str, dict] = field(default_factory=dict)     # id -> attempt event
     published: dict[str, dict] = field(default_factory=dict)    # id -> published event
     scales: list[dict] = field(default_factory=list)            # {"to", "begin", "end", ...}
-    stream: list[dict] = field(default_factory=list)   # delivered/acked/ack_sent, "owner" marks
+    stream: list[dict] = field(default_factory=list)   # STREAM_OPS' events, "owner" marks
     refused: set[str] = field(default_factory=set)     # ids whose publish raised QueueFull
     dead_ids: set[str] = field(default_factory=set)    # ids found in the dead message queue
     life: list[dict] = field(default_factory=list)     # lifecycle events (``LIFECYCLE_OPS``)
@@ -167,7 +179,7 @@ def parse(logs: Sequence[Iterable[dict]]) -> Parsed:
                     if s["to"] == e["to"] and s["end"] is None:
                         s["end"] = e["t"]
                         break
-            elif op in ("delivered", "acked", "ack_sent"):
+            elif op in STREAM_OPS:
                 h.stream.append(e)
             elif op == "refused":
                 h.refused.add(e["id"])
@@ -182,19 +194,24 @@ def parse(logs: Sequence[Iterable[dict]]) -> Parsed:
 
 
 def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
-          concurrent: bool = False, lifecycle: dict | None = None) -> dict:
+          concurrent: bool = False, lifecycle: dict | None = None,
+          ordering: str = "partition") -> dict:
     """Check the logs; return the report: every count of ``VIOLATIONS`` and of the allowed
     kinds, ``examples`` of each violation, and ``ok`` (all violations 0). The logs are in
     delivery-ownership order (see the module doc), unless ``concurrent``: consumer processes
     delivered at the same time (``concurrent_checks``). ``lifecycle``: the queue's lifecycle
-    settings in a lifecycle round (``{"max_redelivery": N}``), else None."""
+    settings in a lifecycle round (``{"max_redelivery": N}``), else None. ``ordering``: the
+    queue's (``"key"``: a key round, see ``key_checks``)."""
+    if ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {ORDERINGS}, not {ordering!r}")
     rep = Report()
     h = parse(logs)
+    key_round = ordering == "key"
     if concurrent:
         from concurrent_checks import check_deliveries
-        d = check_deliveries(h, rep)
+        d = check_deliveries(h, rep, key_round)
     else:
-        d = sequential_deliveries(h, rep)
+        d = sequential_deliveries(h, rep, key_round)
     attempts, published, scales = h.attempts, h.published, h.scales
     delivered_ids, acked_ids, dead_ids = d.delivered, d.acked, h.dead_ids
     life = check_lifecycle(h, rep, d, lifecycle, concurrent, final_drain)
@@ -241,29 +258,36 @@ def check(logs: Sequence[Iterable[dict]], final_drain: bool = True,
         redeliveries=d.redeliveries, acked=len(acked_ids),
         never_acked_in_logs=sum(1 for m in delivered_ids if m not in acked_ids),
         scales=len(scales), final_drain=final_drain, key_order_checked=d.key_order_checked,
-        concurrent=concurrent, **life,
+        partition_order_checked=not key_round, ordering=ordering, concurrent=concurrent, **life,
     )
     report["ok"] = all(report[k] == 0 for k in VIOLATIONS)
     report["examples"] = {k: v for k, v in rep.examples.items() if v}
     return report
 
 
-def sequential_deliveries(h: Parsed, rep: Report) -> Deliveries:
+def sequential_deliveries(h: Parsed, rep: Report, key_round: bool = False) -> Deliveries:
     """The delivery-side checks when one process at a time delivered, logs in that order."""
     attempts, published, scales, stream = h.attempts, h.published, h.scales, h.stream
     # ---------------------------------------------------------------- deliveries in order
     positions: dict[tuple[int, int], str] = {}
     delivered_ids: set[str] = set()
     acked_ids: set[str] = set()
-    order = OrderCheck()
+    order = OrderCheck(partition_order=not key_round)
     redeliveries = 0
     n_delivered = 0
-    key_order = KeyOrder(attempts, published, scales, stream, h.dead_ids) \
-        if all(s["online"] for s in scales) else None
+    cross = all(s["online"] for s in scales)
+    key_order = KeyOrder(attempts, published, scales, stream, h.dead_ids, cross=cross,
+                         same=key_round) if cross or key_round else None
+    holds = Holds()
+    log = -1
     for e in stream:
         if e["op"] == "owner":
+            log = e["log"]
             if key_order is not None:
                 key_order.owner_changed(e["log"])
+            continue
+        if e["op"] in ("gave_back", "unbound"):
+            holds.see(log, e)
             continue
         if e["op"] == "ack_sent":
             if key_order is not None:
@@ -301,19 +325,23 @@ def sequential_deliveries(h: Parsed, rep: Report) -> Deliveries:
             redeliveries += 1
         order.see(rep, e, (), again, "first delivery out of seq order")
         if key_order is not None and e.get("key") is not None and att is not None:
-            blocking = key_order.blocking(mid, e["key"], p, att.get("t"))
+            blocking = key_order.blocking(mid, e["key"], p, att.get("t"),
+                                          partial(holds.holds, log, e.get("flow")))
             if blocking is not None:
                 rep.add("key_order_violations", {"delivered": e, "earlier_unacked": blocking})
+        holds.see(log, e)
         delivered_ids.add(mid)
     return Deliveries(delivered_ids, acked_ids, n_delivered, redeliveries, key_order is not None)
 
 
 class OrderCheck:
-    """Delivery order per stream (a key within its partition, and a partition): a first delivery
-    never comes below an earlier first delivery's sequence, and a delivery that goes back in
-    sequence carries the redelivered mark."""
+    """Delivery order per stream (a key within its partition, and, unless not
+    ``partition_order`` (a key round), a partition): a first delivery never comes below an
+    earlier first delivery's sequence, and a delivery that goes back in sequence carries the
+    redelivered mark."""
 
-    def __init__(self) -> None:
+    def __init__(self, partition_order: bool = True) -> None:
+        self.partition_order = partition_order
         self.first_max: dict[tuple, int] = {}   # stream -> highest seq of a *first* delivery
         self.seen_max: dict[tuple, int] = {}    # stream -> highest seq delivered so far
 
@@ -322,7 +350,8 @@ class OrderCheck:
         p, seq, marked = e["partition"], e["seq"], bool(e.get("redelivered"))
         streams = [("order_violations", (*scope, "key", e["key"], p))] \
             if e.get("key") is not None else []
-        streams.append(("partition_order_violations", (*scope, "p", p)))
+        if self.partition_order:
+            streams.append(("partition_order_violations", (*scope, "p", p)))
         for kind, stream in streams:
             bad = None
             if not again:
@@ -334,70 +363,6 @@ class OrderCheck:
             self.seen_max[stream] = max(seq, self.seen_max.get(stream, -1))
             if bad:
                 rep.add(kind, {"why": bad, "delivered": e, "highest_before": self.seen_max[stream]})
-
-
-def dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
-    """Whether a scale-down deleted ``partition`` after a publish attempted at ``t_attempt``."""
-    return any(s["to"] <= partition and s["to"] < (s["from"] or math.inf) and t_attempt < s["end"]
-               for s in scales)
-
-
-class KeyOrder:
-    """The per-key order rule across partitions (rule `online-scaling`): per key, its published messages in
-    the order their publishes returned, and which are acked so far in the stream."""
-
-    def __init__(self, attempts: dict, published: dict, scales: list[dict],
-                 stream: list[dict], dead: set[str] = frozenset()) -> None:
-        self.done: set[str] = set()
-        self.by_key: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
-        for mid, pub in published.items():
-            att = attempts.get(mid)
-            if att is None or att.get("key") is None or "t" not in pub or mid in dead:
-                continue        # (a dead message's death is not in the logs: no order is owed)
-            if dropped_by(scales, pub["partition"], att.get("t", pub["t"])):
-                continue        # may be deleted unacked: no order is owed to it
-            self.by_key[att["key"]].append((pub["t"], pub["partition"], mid))
-        for rows in self.by_key.values():
-            rows.sort()
-        self.start: dict[str, int] = defaultdict(int)
-        # A process killed after an ack committed and before its ``acked`` line leaves an ack
-        # the logs do not show: a message delivered by an earlier owner, never acked in the
-        # logs and never delivered again was acked before the next owner began.
-        last_log: dict[str, int] = {}
-        logged_acks: set[str] = set()
-        log = -1
-        for e in stream:
-            if e["op"] == "owner":
-                log = e["log"]
-            elif e["op"] == "delivered" and e.get("id") is not None:
-                last_log[e["id"]] = log
-            elif e["op"] == "acked":
-                logged_acks.add(e["id"])
-        self.unlogged: dict[int, list[str]] = defaultdict(list)
-        for mid, log in last_log.items():
-            if mid not in logged_acks:
-                self.unlogged[log].append(mid)
-
-    def owner_changed(self, log: int) -> None:
-        self.done.update(self.unlogged.get(log - 1, ()))
-
-    def acked(self, mid: str) -> None:
-        self.done.add(mid)
-
-    def blocking(self, mid: str, key: str, partition: int, t_attempt: float | None) -> str | None:
-        """An earlier message of ``key`` in another partition not acked yet, or None."""
-        if t_attempt is None:
-            return None
-        rows, i = self.by_key.get(key, []), self.start[key]
-        while i < len(rows) and rows[i][2] in self.done:
-            i += 1
-        self.start[key] = i
-        for t_pub, p, other in rows[i:]:
-            if t_pub >= t_attempt:
-                break
-            if p != partition and other not in self.done and other != mid:
-                return other
-        return None
 
 
 def summary(report: dict) -> str:

@@ -11,10 +11,13 @@ checked only where the order is certain, so it never reports a violation that di
 * ``unmarked_redeliveries``: a delivery without ``redelivered`` that began after an earlier
   delivery of the same id returned;
 * ``order_violations`` / ``partition_order_violations``: the per-(key, partition) and
-  per-partition rules of ``checker``, within each process's life (one log);
-* ``key_order_violations`` (rule `online-scaling`, when every scaling was online): a delivery of key k that
-  returned before the first ack call (``ack_sent`` or ``acked``'s ``t0``) of an earlier message
-  of k in another partition began, that message being acked at all in the logs.
+  per-partition rules of ``checker``, within each process's life (one log); the per-partition
+  one not in key rounds;
+* ``key_order_violations`` (``key_checks``: rule `online-scaling`, when every scaling was
+  online; rule `key-ordering`, in key rounds): a delivery of key k that returned before the
+  first ack call (``ack_sent`` or ``acked``'s ``t0``) of an earlier message of k began, that
+  message being acked at all in the logs; in another partition, or (key rounds) in its own
+  partition and not held by the flow the delivery went to.
 
 The order-free rules (``unexpected``, ``garbled``, ``position_mismatches``,
 ``acked_never_delivered``) are the same as in ``checker``.
@@ -24,26 +27,29 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from checker import Deliveries, OrderCheck, Parsed, Report, dropped_by
+from checker import Deliveries, OrderCheck, Parsed, Report
+from key_checks import concurrent_key_order
 
 
 def _start(e: dict) -> float:
     return e.get("t0", e["t"])
 
 
-def check_deliveries(h: Parsed, rep: Report) -> Deliveries:
+def check_deliveries(h: Parsed, rep: Report, key_round: bool = False) -> Deliveries:
     deliveries: dict[str, list[dict]] = defaultdict(list)
     ack_done: dict[str, float] = {}          # id -> earliest return of an ack
     ack_begun: dict[str, float] = {}         # id -> earliest start of an ack call
     positions: dict[tuple[int, int], str] = {}
     n_delivered = 0
-    order = OrderCheck()
+    order = OrderCheck(partition_order=not key_round)
     log = -1
     for e in h.stream:
         op = e["op"]
         if op == "owner":
             log = e["log"]
             continue
+        if op in ("gave_back", "unbound"):
+            continue                        # (``key_checks``)
         if op in ("acked", "ack_sent"):
             mid = e["id"]
             ack_begun[mid] = min(ack_begun.get(mid, math.inf), _start(e))
@@ -84,32 +90,7 @@ def check_deliveries(h: Parsed, rep: Report) -> Deliveries:
                 rep.add("delivered_after_ack", d)
             elif not d.get("redelivered") and _start(d) > first_return:
                 rep.add("unmarked_redeliveries", d)
-    key_order = all(s["online"] for s in h.scales)
-    if key_order:
-        _key_order(h, rep, deliveries, ack_begun)
-    return Deliveries(set(deliveries), acked, n_delivered, redeliveries, key_order)
-
-
-def _key_order(h: Parsed, rep: Report, deliveries: dict[str, list[dict]],
-               ack_begun: dict[str, float]) -> None:
-    by_key: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
-    for mid, pub in h.published.items():
-        att = h.attempts.get(mid)
-        if att is None or att.get("key") is None or "t" not in pub:
-            continue
-        if dropped_by(h.scales, pub["partition"], att.get("t", pub["t"])):
-            continue
-        by_key[att["key"]].append((pub["t"], pub["partition"], mid))
-    for rows in by_key.values():
-        rows.sort()
-    for mid, ds in deliveries.items():
-        att = h.attempts.get(mid)
-        if att is None or att.get("key") is None or "t" not in att:
-            continue
-        returned = min(d["t"] for d in ds)
-        for t_pub, p, earlier in by_key.get(att["key"], ()):
-            if t_pub >= att["t"]:
-                break
-            if p != ds[0]["partition"] and ack_begun.get(earlier, -math.inf) > returned:
-                rep.add("key_order_violations", {"delivered": ds[0], "earlier_unacked": earlier})
-                break
+    cross = all(s["online"] for s in h.scales)
+    if cross or key_round:
+        concurrent_key_order(h, rep, deliveries, ack_begun, cross, key_round)
+    return Deliveries(set(deliveries), acked, n_delivered, redeliveries, cross or key_round)

@@ -1,7 +1,7 @@
 """Crash-test consumer: the delivery owner. Receives, acks, holds, nacks until it is killed.
 
     python consumer.py DATA_DIR LOG --seed S [--queue q] [--flows 1|2] [--churn P] [--prefix c]
-                       [--lifecycle]
+                       [--lifecycle] [--ordering partition|key]
 
 Opens the broker, then binds its flows (named PREFIX0, PREFIX1: a restarted consumer gets its
 partitions back, rule `named-flows`), retrying while another consumer process holds those names (a standby
@@ -16,11 +16,19 @@ off between flows while messages are in flight; held messages are acked later th
 that received them: acks of those whose partition moved meanwhile are fenced (rule `fencing`, FlowFenced),
 and the others are acked.
 
+Now and then the rest of a batch is nacked: per partition its first message (a nack gives back
+the later messages of its partition), or with ``--ordering key`` (the queue's ``ordering``, rule
+`key-ordering`) per key its first message and every unkeyed one (a nack gives back only the later
+messages of its key). ``delivered`` lines name their flow (``flow``); after a nack returned it
+logs ``gave_back`` (id, flow, partition, ``seqs``: what the nack returned), and ``unbound`` (flow)
+after it unbound a flow or a receive found it unbound (``key_checks``).
+
 ``delivered`` lines also carry ``w0``, the wall clock before the receive (expiry is checked
 against it). ``--lifecycle`` (``lifecycle``): in each batch, per partition, the first message of
 a poison key is nacked (now and then with a small delay; logged ``nacked`` with its
 delivery_count before the call, ``nack_failed`` when it raised), and the later messages of that
-partition in the batch are left alone (the nack gave them back); messages of a reject key before
+partition (``--ordering key``: of that key) in the batch are left alone (the nack gave them
+back); messages of a reject key before
 it are rejected (``rejected`` before the call, ``rejected_done`` once it returned,
 ``reject_failed``); the others are processed as above.
 """
@@ -63,7 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--churn", type=float, default=0.0)
     ap.add_argument("--prefix", default="c")
     ap.add_argument("--lifecycle", action="store_true")
+    ap.add_argument("--ordering", choices=("partition", "key"), default="partition")
     args = ap.parse_args(argv)
+    keyed = args.ordering == "key"
     rng = random.Random(args.seed)
     log = Log(args.log)
     broker = partq.Broker.open(args.data)
@@ -78,6 +88,18 @@ def main(argv=None) -> int:
 
     def logged(msgs, t0):
         log.write(*({"op": "acked", "id": delivered_event(m)["id"], "t0": t0} for m in msgs))
+
+    def together(m):
+        """What a nack of ``m`` gives back with it: the later messages of this group."""
+        if not keyed:
+            return m.partition
+        return (m.partition, m.key) if m.key is not None else (m.partition, None, m.seq)
+
+    def nack(flow, name, m, delay=None):
+        """Nack ``m``; once it returned, log what it gave back (raises what nack raises)."""
+        back = flow.nack(m, delay=delay)
+        log.write({"op": "gave_back", "id": delivered_event(m)["id"], "flow": name,
+                   "partition": m.partition, "seqs": list(back)})
 
     def unfenced(msgs, exc):
         fenced = {(m.partition, m.seq) for m in exc.messages}
@@ -101,16 +123,17 @@ def main(argv=None) -> int:
             return
         logged(msgs, t0)
 
-    def nack_or_reject(flow, msgs):
+    def nack_or_reject(flow, name, msgs):
         """The lifecycle's part of a batch: nack poison messages, reject those of reject keys;
         return the messages left to process as usual."""
-        first_poison: dict[int, int] = {}
+        first_poison: dict = {}
         for m in msgs:
             if lifecycle.fate(m.key) == lifecycle.POISON:
-                first_poison[m.partition] = min(m.seq, first_poison.get(m.partition, m.seq))
+                g = together(m)
+                first_poison[g] = min(m.seq, first_poison.get(g, m.seq))
         rest = []
         for m in msgs:
-            stop = first_poison.get(m.partition)
+            stop = first_poison.get(together(m))
             fate = lifecycle.fate(m.key)
             if stop is not None and m.seq > stop:
                 continue                  # given back by the poison message's nack
@@ -126,7 +149,7 @@ def main(argv=None) -> int:
             elif fate != lifecycle.POISON:
                 rest.append(m)
         for m in msgs:
-            if first_poison.get(m.partition) != m.seq:
+            if first_poison.get(together(m)) != m.seq:
                 continue
             delay = round(rng.uniform(*lifecycle.NACK_DELAY_RANGE), 3) \
                 if rng.random() < lifecycle.NACK_DELAY_SHARE else None
@@ -134,7 +157,7 @@ def main(argv=None) -> int:
             log.write({"op": "nacked", "id": mid, "delivery_count": m.delivery_count,
                        "delay": delay})
             try:
-                flow.nack(m, delay=delay)
+                nack(flow, name, m, delay=delay)
             except (partq.FlowFenced, partq.FlowClosed) as exc:
                 log.write({"op": "nack_failed", "id": mid, "error": type(exc).__name__})
         return rest
@@ -157,13 +180,15 @@ def main(argv=None) -> int:
             except partq.FlowClosed:
                 # unbound by the owner (this process was silent past consumer_timeout, e.g.
                 # SIGSTOPped): bind again under the same name
+                log.write({"op": "unbound", "flow": names[i]})
                 flows[i] = bind_all(broker, [names[i]], args.queue)[0]
                 continue
             if not msgs:
                 continue
-            log.write(*({**delivered_event(m), "t0": t0, "w0": w0} for m in msgs))
+            log.write(*({**delivered_event(m), "t0": t0, "w0": w0, "flow": names[i]}
+                        for m in msgs))
             if args.lifecycle:
-                msgs = nack_or_reject(flow, msgs)
+                msgs = nack_or_reject(flow, names[i], msgs)
                 if not msgs:
                     continue
             r = rng.random()
@@ -174,12 +199,12 @@ def main(argv=None) -> int:
             else:
                 k = rng.randrange(len(msgs))
                 ack(flow, msgs[:k])
-                first_of_partition = {}
+                first = {}
                 for m in msgs[k:]:
-                    first_of_partition.setdefault(m.partition, m)
-                for m in first_of_partition.values():
+                    first.setdefault(together(m), m)
+                for m in first.values():
                     try:
-                        flow.nack(m)    # it and every later unacked message of its partition
+                        nack(flow, names[i], m)    # it and every later unacked one of its group
                     except (partq.FlowFenced, partq.FlowClosed):
                         pass            # its partition moved meanwhile: nothing to give back
         if held and rng.random() < 0.3:
@@ -189,6 +214,7 @@ def main(argv=None) -> int:
         if args.flows > 1:
             if flows[-1] is not None and rng.random() < args.churn:
                 flows[-1].unbind()
+                log.write({"op": "unbound", "flow": names[-1]})
                 flows[-1] = None
                 away = rng.randint(1, 20)
             elif flows[-1] is None:

@@ -18,6 +18,9 @@ finish it alongside the scaler (the bugs that once lost messages there are pinne
 *Lifecycle rounds* (``run_rounds(..., lifecycle_every=N)``; off by default, other rounds unchanged):
 the message lifecycle of ``lifecycle``; the drain drains the dead message queue too, and
 ``logs/harness.jsonl`` says when consumer and scaler processes died, for ``lifecycle_checks``.
+
+*Key rounds* (``key_share``, half by default; drawn after the rest of a round's shape, which
+stays as it was): the queue has ``ordering="key"``, checked by ``key_checks``.
 """
 from __future__ import annotations
 
@@ -117,6 +120,7 @@ class Figures:
     unknown: int = 0
     dropped_by_scale_down: int = 0
     lifecycle_rounds: int = 0      # rounds with the message lifecycle (see the module doc)
+    key_rounds: int = 0            # rounds whose queue has ordering="key" (see the module doc)
     refused: int = 0               # publishes refused by the quota (QueueFull)
     certainly_dead: int = 0        # messages the checker knew had to die (``dead_lost``)
     nacked: int = 0                # poison nacks
@@ -153,7 +157,7 @@ class RoundFailed(AssertionError):
 
 class Round:
     def __init__(self, spawner: Spawner, root: str, rng: random.Random, figures: Figures,
-                 duration: float, lifecycle: bool = False) -> None:
+                 duration: float, lifecycle: bool = False, key_share: float = 0.5) -> None:
         self.sp = spawner
         self.root = root
         self.data = os.path.join(root, "data")
@@ -189,13 +193,16 @@ class Round:
         self.lifecycle = lifecycle
         self.max_depth = rng.choice([200, 500, 1500]) if lifecycle else 0
         self.dead_partitions = rng.randint(1, 3) if lifecycle else 0
+        # the queue's ordering (drawn after the rest: the shape above is drawn as before)
+        self.ordering = "key" if rng.random() < key_share else "partition"
         self._hlog = None
         self._polled = time.monotonic()     # when the last poll began (lifecycle rounds)
 
     def describe(self) -> dict:
         return {k: getattr(self, k) for k in ("partitions", "flows", "standby", "publishers",
                                               "rebalance_delay", "max_handoff_time", "scale_plan",
-                                              "online", "spread", "lifecycle", "max_depth")}
+                                              "online", "spread", "lifecycle", "max_depth",
+                                              "ordering")}
 
     def _died(self, proc: Proc, lo: float, status) -> None:
         """Log (lifecycle rounds) that a consumer or scaler process died between ``lo`` and now:
@@ -308,8 +315,11 @@ class Round:
                 b.create_queue(lifecycle.DEAD_QUEUE, partitions=self.dead_partitions)
             b.create_queue("q", partitions=self.partitions, rebalance_delay=self.rebalance_delay,
                            max_handoff_time=self.max_handoff_time,
-                           consumer_timeout=self.consumer_timeout, **extra)
+                           consumer_timeout=self.consumer_timeout, ordering=self.ordering,
+                           **extra)
         self.fig.rounds += 1
+        if self.ordering == "key":
+            self.fig.key_rounds += 1
         flag = ["--lifecycle"] if self.lifecycle else []
         if self.lifecycle:
             self.fig.lifecycle_rounds += 1
@@ -323,7 +333,8 @@ class Round:
     def _run(self, flag: list) -> dict:
         for slot in range(self.publishers):
             self._start("pub", slot, flag)
-        con_argv = ["--flows", str(self.flows), "--churn", "0.02"] + flag
+        con_argv = ["--flows", str(self.flows), "--churn", "0.02",
+                    "--ordering", self.ordering] + flag
         if self.spread:
             self.fig.concurrent_rounds += 1
             for slot in range(self.spread):
@@ -383,7 +394,7 @@ class Round:
         self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
         report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread),
                                lifecycle={"max_redelivery": lifecycle.MAX_REDELIVERY}
-                               if self.lifecycle else None)
+                               if self.lifecycle else None, ordering=self.ordering)
         report["drained"] = next(e for e in drain_events if e["op"] == "drained")
         self.fig.add(report)
         if not report["ok"]:
@@ -392,10 +403,11 @@ class Round:
 
 
 def run_rounds(base: str, seed: int, rounds: int, duration: float,
-               lifecycle_every: int = 0) -> Figures:
+               lifecycle_every: int = 0, key_share: float = 0.5) -> Figures:
     """Run ``rounds`` rounds of ``duration`` seconds each under ``base``; raise ``RoundFailed``
     (with the seed, the round and its shape) on the first failure. ``lifecycle_every``: every
-    that many rounds one is a lifecycle round (rounds ``N-1``, ``2N-1``, ...; 1: all, 0: none)."""
+    that many rounds one is a lifecycle round (rounds ``N-1``, ``2N-1``, ...; 1: all, 0: none).
+    ``key_share``: the chance a round is a key round (1: all, 0: none)."""
     rng = random.Random(seed)
     fig = Figures()
     t0 = time.monotonic()
@@ -404,7 +416,8 @@ def run_rounds(base: str, seed: int, rounds: int, duration: float,
         for i in range(rounds):
             rnd = Round(spawner, os.path.join(base, f"round-{i:03d}"),
                         random.Random(rng.randrange(1 << 62)), fig, duration,
-                        lifecycle=bool(lifecycle_every) and i % lifecycle_every == lifecycle_every - 1)
+                        lifecycle=bool(lifecycle_every) and i % lifecycle_every == lifecycle_every - 1,
+                        key_share=key_share)
             try:
                 rnd.run()
             except RoundFailed as exc:

@@ -55,6 +55,16 @@ class History:
         self.cons[-1].append(self._ev(op="ack_sent", id=mid))
         return self
 
+    def gave_back(self, mid, p, seqs, flow=None):
+        """A nack of ``mid`` returned ``seqs`` (of partition ``p``): the consumer's line."""
+        self.cons[-1].append(self._ev(op="gave_back", id=mid, flow=flow, partition=p,
+                                      seqs=list(seqs)))
+        return self
+
+    def unbound(self, flow=None):
+        self.cons[-1].append(self._ev(op="unbound", flow=flow))
+        return self
+
     def scale(self, frm, to, end=True, online=False):
         self.pub.append(self._ev(op="scale_begin", to=to, online=online, **{"from": frm}))
         if end:
@@ -290,6 +300,117 @@ def test_key_order_across_an_online_scaling():
     assert r["dropped_by_scale_down"] == 1
 
 
+# ------------------------------------------------------------------ key rounds
+KEY = {"ordering": "key"}
+
+
+def test_key_round_keys_overtake_each_other_inside_a_partition():
+    """Under ordering="key" another key (or an unkeyed message) may go past a held one, and a
+    nack gives back only its key: no partition order is checked, nothing is flagged."""
+    h = History().publish("a0", 0, 0, key="k1").publish("x", 0, 1, key="k2")
+    h.publish("u", 0, 2, key=None).publish("a1", 0, 3, key="k1")
+    h.deliver("x", 0, 1, key="k2").deliver("u", 0, 2, key=None)    # a0 held back meanwhile
+    h.deliver("a0", 0, 0, key="k1").deliver("a1", 0, 3, key="k1")
+    h.gave_back("a0", 0, [0, 3])                                     # x stays with the flow
+    h.deliver("a0", 0, 0, redelivered=True, key="k1").deliver("a1", 0, 3, redelivered=True,
+                                                               key="k1")
+    for m in ("a0", "a1", "x", "u"):
+        h.ack(m)
+    r = h.check(**KEY)
+    only(r)
+    assert r["key_order_checked"] is True and r["partition_order_checked"] is False
+    assert r["ordering"] == "key" and r["redeliveries"] == 2
+    # the same logs under ordering="partition" break the partition's order
+    only(h.check(), "partition_order_violations")
+
+
+def test_key_round_a_key_out_of_order_is_a_violation():
+    """A message of key k delivered while an earlier one of k in its partition is neither acked
+    nor held by the flow it goes to: after a nack gave it back, to another flow, after its flow
+    was unbound, never delivered at all."""
+    def history(case, violation):
+        h = History().publish("a0", 0, 0).publish("a1", 0, 1)
+        h.deliver("a0", 0, 0, flow="c0")
+        if case == "nack":
+            h.gave_back("a0", 0, [0], flow="c0")
+            if not violation:
+                h.deliver("a0", 0, 0, redelivered=True, flow="c0")
+            h.deliver("a1", 0, 1, flow="c0")
+            if violation:
+                h.deliver("a0", 0, 0, redelivered=True, flow="c0")
+        elif case == "other flow":
+            if not violation:
+                h.ack("a0")
+            h.deliver("a1", 0, 1, flow="c1")
+        elif case == "unbound":
+            h.unbound("c0")
+            if not violation:
+                h.deliver("a0", 0, 0, redelivered=True, flow="c1")
+            h.deliver("a1", 0, 1, flow="c1")
+            if violation:
+                h.deliver("a0", 0, 0, redelivered=True, flow="c1")
+        return h.ack("a1").ack("a0")
+
+    for case in ("nack", "other flow", "unbound"):
+        r = history(case, violation=True).check(**KEY)
+        only(r, "key_order_violations")
+        assert r["key_order_violations"] == 1, case
+        assert r["examples"]["key_order_violations"][0]["earlier_unacked"] == "a0", case
+        only(history(case, violation=False).check(**KEY))
+        # not checked under ordering="partition" (its rules see nothing wrong in these logs)
+        only(history(case, violation=True).check())
+    # the earlier message not delivered yet: its key's first deliveries out of order too
+    h = History().publish("a0", 0, 0).publish("a1", 0, 1)
+    h.deliver("a1", 0, 1).deliver("a0", 0, 0).ack("a0").ack("a1")
+    only(h.check(**KEY), "key_order_violations", "order_violations")
+
+
+def test_key_round_what_is_owed_and_what_is_not():
+    # held by the flow: several unacked messages of one key, acked in any order
+    h = History().publish("a0", 0, 0).publish("a1", 0, 1).publish("a2", 0, 2)
+    h.deliver("a0", 0, 0).deliver("a1", 0, 1).ack("a1").deliver("a2", 0, 2).ack("a2").ack("a0")
+    only(h.check(**KEY))
+    # a killed owner acked a0 and did not log it: the next owner owes it nothing
+    h = History().publish("a0", 0, 0).publish("a1", 0, 1)
+    h.deliver("a0", 0, 0).restart_consumer().deliver("a1", 0, 1).ack("a1")
+    only(h.check(**KEY))
+    # ... but the next owner gets a0 again after a1: it was not acked, and a1 overtook it
+    h = History().publish("a0", 0, 0).publish("a1", 0, 1)
+    h.deliver("a0", 0, 0).restart_consumer().deliver("a1", 0, 1)
+    h.deliver("a0", 0, 0, redelivered=True).ack("a1").ack("a0")
+    only(h.check(**KEY), "key_order_violations")
+    # a publish attempted before the earlier one returned owes it nothing (seq order is checked
+    # by order_violations)
+    h = History().attempt("a0").attempt("a1").published("a0", 0, 0).published("a1", 0, 1)
+    h.deliver("a0", 0, 0, flow="c0").deliver("a1", 0, 1, flow="c1").ack("a0").ack("a1")
+    only(h.check(**KEY))
+    # after an offline scaling, a key's messages in other partitions are owed nothing, but
+    # within a partition the key's order still holds
+    h = History().publish("a0", 1, 0).scale(4, 6).publish("a1", 4, 0)
+    h.deliver("a1", 4, 0).deliver("a0", 1, 0).ack("a0").ack("a1")
+    r = h.check(**KEY)
+    only(r)
+    assert r["key_order_checked"] is True
+    h = History().publish("a0", 1, 0).scale(4, 6).publish("a1", 1, 1)
+    h.deliver("a0", 1, 0, flow="c0").deliver("a1", 1, 1, flow="c1").ack("a0").ack("a1")
+    only(h.check(**KEY), "key_order_violations")
+    # an online scaling: another partition's earlier message must be acked, held or not
+    h = History().publish("a0", 1, 0).scale(4, 6, online=True).publish("a1", 4, 0)
+    h.deliver("a0", 1, 0).deliver("a1", 4, 0).ack("a1").ack("a0")
+    only(h.check(**KEY), "key_order_violations")
+
+
+def test_key_round_other_checks_still_run():
+    h = History().publish("a", 0, 0, key=None).deliver("a", 0, 0, key=None)
+    h.restart_consumer().deliver("a", 0, 0, key=None).ack("a")
+    only(h.check(**KEY), "unmarked_redeliveries")
+    only(clean().publish("m4", 0, 4).check(**KEY), "lost")
+    h = clean().restart_consumer().deliver("m3", 0, 3, redelivered=True)
+    only(h.check(**KEY), "delivered_after_ack")
+    with pytest.raises(ValueError, match="ordering"):
+        clean().check(ordering="keys")
+
+
 def test_logs_on_disk_torn_tail_and_ownership_order(tmp_path):
     h = History().publish("a", 0, 0).publish("b", 0, 1)
     h.restart_consumer().deliver("a", 0, 0).deliver("b", 0, 1)
@@ -427,3 +548,32 @@ def test_concurrent_order_is_checked_per_consumer_process():
     h.restart_consumer().deliver("a", 0, 0, redelivered=True).ack("a").ack("b")
     only(h.check(concurrent=True))
 
+
+
+def test_concurrent_key_round():
+    """Concurrent consumer processes in a key round: a delivery of a1 that returned before any
+    ack of a0 began, to a flow that did not hold a0, is a violation; keys overtaking each other
+    in a partition are not."""
+    def history():
+        h = Timed()
+        h.t = 0.0
+        return h.publish("a0", 0, 0).publish("a1", 0, 1).publish("x", 0, 2, key="j")
+    h = history().deliver_at(1, "x", 0, 2, 10, 11, key="j").deliver_at(0, "a0", 0, 0, 10, 11)
+    h.deliver_at(1, "a1", 0, 1, 12, 13).ack_at(0, "a0", 14, 15).ack_at(1, "a1", 16, 17)
+    h.ack_at(1, "x", 16, 17)
+    r = h.check(concurrent=True, **KEY)
+    only(r, "key_order_violations")
+    assert r["key_order_violations"] == 1
+    # a0's ack began before a1's delivery returned: it may have committed first
+    h = history().deliver_at(1, "x", 0, 2, 10, 11, key="j").deliver_at(0, "a0", 0, 0, 10, 11)
+    h.ack_at(0, "a0", 12, 14).deliver_at(1, "a1", 0, 1, 12.5, 13).ack_at(1, "a1", 16, 17)
+    h.ack_at(1, "x", 16, 17)
+    only(h.check(concurrent=True, **KEY))
+    # one process holds both: fine, and x (another key) went first
+    h = history().deliver_at(0, "x", 0, 2, 8, 9, key="j").deliver_at(0, "a0", 0, 0, 10, 11)
+    h.deliver_at(0, "a1", 0, 1, 12, 13).ack_at(0, "a1", 14, 15).ack_at(0, "a0", 16, 17)
+    h.ack_at(0, "x", 16, 17)
+    r = h.check(concurrent=True, **KEY)
+    only(r)
+    assert r["partition_order_checked"] is False
+    only(h.check(concurrent=True), "partition_order_violations")

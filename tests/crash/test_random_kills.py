@@ -9,7 +9,9 @@ exact interleaving.
 
 Both forms make every other round a lifecycle round (``harness``: max_redelivery, a dead message
 queue, a quota, TTLs, nacks and rejects, checked by ``lifecycle_checks``);
-``PARTQ_CRASH_LIFECYCLE=N`` makes it every N-th round (1: all, 0: none).
+``PARTQ_CRASH_LIFECYCLE=N`` makes it every N-th round (1: all, 0: none). Half the rounds, drawn
+from the seed, are key rounds (the queue has ``ordering="key"``, checked by ``key_checks``;
+figure ``key_rounds``); ``PARTQ_CRASH_KEY_SHARE`` changes the share (1: all, 0: none).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from harness import RoundFailed, run_rounds
 
 LONG = os.environ.get("PARTQ_CRASH_LONG") == "1"
 LIFECYCLE_EVERY = int(os.environ.get("PARTQ_CRASH_LIFECYCLE", "2"))
+KEY_SHARE = float(os.environ.get("PARTQ_CRASH_KEY_SHARE", "0.5"))
 
 
 def _seed() -> int:
@@ -34,7 +37,7 @@ def _run(tmp_path, rounds: int, seconds: float):
     failure = None
     try:
         fig = run_rounds(os.fspath(tmp_path), seed, rounds, seconds,
-                         lifecycle_every=LIFECYCLE_EVERY)
+                         lifecycle_every=LIFECYCLE_EVERY, key_share=KEY_SHARE)
     except RoundFailed as exc:
         failure = str(exc)
     if failure:
