@@ -38,7 +38,9 @@ class Space:
     def __init__(self, path: str, psize: int, max_map_size: int) -> None:
         self.data_file = os.path.join(path, "data.mdb")
         self.psize = psize
-        self.map_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20)
+        # (a store opened only to read knows no max_map_size: it judges by the default reserve)
+        self.map_reserve = min(max(max_map_size // 16, 16 * psize), 64 << 20) \
+            if max_map_size > 0 else 64 << 20
         self.disk_reserve = min(DISK_RESERVE, self.map_reserve)
         self._allocated = 0         # data.mdb is allocated (not sparse) this far
         self._covered = 0           # data.mdb is this long or longer
@@ -50,6 +52,20 @@ class Space:
     def disk_short(self) -> bool:
         """Whether the last attempt to allocate the disk reserve failed for want of space."""
         return self._short
+
+    def disk_full(self, file_size: int, live: int) -> bool:
+        """Whether appends are refused for want of disk, as any process can tell: this
+        process's last attempt failed, or the free space of the disk and the pages free inside
+        data.mdb together fall short of the reserve."""
+        if self._short:
+            return True
+        if not self.disk_reserve:
+            return False
+        try:
+            st = os.statvfs(self.data_file)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize + max(file_size - live, 0) < self.disk_reserve
 
     def after_commit(self, last_pgno: int) -> None:
         """Cover the pages up to ``last_pgno`` and keep the disk reserve past them. Never

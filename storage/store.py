@@ -30,7 +30,7 @@ from partq.storage.gate import TxnGate
 from partq.storage.lmdb_errors import Step, translated
 from partq.storage.space import Space
 from partq.storage.txn import DB_NAMES, Reader, change_log_note
-from partq.storage.writelock import WRITE_LOCK_POLL, write_lock
+from partq.storage.writelock import WRITE_LOCK_POLL, stopped_writer, write_lock
 from partq.storage.writer import Writer
 
 T = TypeVar("T")
@@ -301,17 +301,22 @@ class Store(CommitHooks):
     def usage(self) -> dict:
         """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file
         ever used: LMDB reuses freed pages, the file never shrinks), ``live`` (bytes of pages the
-        data needs now), ``map_size``, the reader slots in use, and ``disk_full`` (this process
-        refuses appends: the disk cannot give data.mdb its reserve for acks)."""
+        data needs now), ``map_size``, the reader slots in use, ``disk_full`` (appends are
+        refused: the disk cannot give data.mdb its reserve for acks: ``Space.disk_full``), and
+        ``writer_stopped_pid``: a process stopped (SIGSTOP, a debugger) while it holds LMDB's
+        write lock, for which every writer of the store waits, or None."""
         self.check_usable()
         info, psize = self._info(), self._psize
         with self.read() as r:
             pages = 4 + sum(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
                             for st in (r.db_stat(name) for name in DB_NAMES))
-        return {"file_size": os.path.getsize(os.path.join(self.path, "data.mdb")),
+        size = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        return {"file_size": size,
                 "high_water": (info["last_pgno"] + 1) * psize, "live": pages * psize,
                 "map_size": info["map_size"], "readers": info["num_readers"],
-                "max_readers": info["max_readers"], "disk_full": self.space.disk_short}
+                "max_readers": info["max_readers"],
+                "disk_full": self.space.disk_full(size, pages * psize),
+                "writer_stopped_pid": stopped_writer(self.path)}
 
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group

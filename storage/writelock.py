@@ -50,6 +50,12 @@ def write_lock(path: str) -> tuple[int, int, bool] | None:
     return pid, txnid, state in ("T", "t")
 
 
+def stopped_writer(path: str) -> int | None:
+    """The pid of a process stopped while it holds the store's write lock, now (no waiting)."""
+    lock = write_lock(path)
+    return lock[0] if lock is not None and lock[2] else None
+
+
 def stuck_writer(path: str) -> int | None:
     """The pid of a process stuck inside a commit: stopped (SIGSTOP, a debugger), or holding
     LMDB's write lock for ``STUCK_WRITER_AFTER`` seconds while no commit ends. None when

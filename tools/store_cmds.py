@@ -64,6 +64,12 @@ def stats(app: App, queue: str | None, out: Output) -> None:
              f"map {human_size(usage['map_size'])}, readers "
              + (f"{usage['readers']}/{usage['max_readers']}" if usage["readers"] is not None
                 else "unknown (read without lock.mdb)"))
+    if usage["writer_stopped_pid"]:
+        out.echo(f"WARNING: pid {usage['writer_stopped_pid']} is stopped while it holds the "
+                 f"store's write lock: every publish and ack waits for it; resume it (kill "
+                 f"-CONT {usage['writer_stopped_pid']}) or end it")
+    if usage["disk_full"]:
+        out.echo("WARNING: the disk is full: publishes fail, acks still run; free space on it")
     if not queues:
         out.echo("no queues")
         return

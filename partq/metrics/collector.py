@@ -304,3 +304,6 @@ class BrokerCollector(Collector):
         g("partq_store_disk_full", "1 while publishes fail with StorageFull because the disk "
           "cannot give data.mdb its reserve for acks (acks still run)").add_metric(
             [], int(usage["disk_full"]))
+        g("partq_store_writer_stopped_pid", "The pid of a process stopped (SIGSTOP, a debugger) "
+          "while it holds the store's write lock: every publish and ack of every process waits "
+          "for it; 0 when none").add_metric([], usage["writer_stopped_pid"] or 0)

@@ -64,12 +64,13 @@ def store_usage(store: Store) -> dict:
     """The store's sizes in bytes: ``file_size`` (data.mdb on disk), ``map_size``,
     ``used_bytes`` (the file's high-water mark: LMDB reuses freed pages, the file never
     shrinks), ``live_bytes`` (what the data needs now), and the reader slots, ``readers`` in
-    use of ``max_readers``; ``disk_full`` while publishes are refused for want of disk."""
+    use of ``max_readers``; ``disk_full`` while publishes are refused for want of disk;
+    ``writer_stopped_pid``: a process stopped holding the write lock (every writer waits)."""
     usage = store.usage()
     return {"file_size": usage["file_size"], "map_size": usage["map_size"],
             "used_bytes": usage["high_water"], "live_bytes": usage["live"],
             "readers": usage["readers"], "max_readers": usage["max_readers"],
-            "disk_full": usage["disk_full"]}
+            "disk_full": usage["disk_full"], "writer_stopped_pid": usage["writer_stopped_pid"]}
 
 
 def stats(broker: Broker, queue: str | None = None) -> dict:

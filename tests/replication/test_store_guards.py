@@ -65,6 +65,12 @@ def test_a_writer_stopped_inside_a_commit_holds_up_no_reader(tmp_path):
                               capture_output=True, text=True, timeout=30)
         assert read.returncode == 0, read.stderr
         assert json.loads(read.stdout) == 3
+        stats = subprocess.run([PARTQ, "--data", str(data), "stats", "--json"],
+                               capture_output=True, text=True, timeout=30)
+        assert json.loads(stats.stdout)["store"]["writer_stopped_pid"] == writer.pid
+        text = subprocess.run([PARTQ, "--data", str(data), "stats"], capture_output=True,
+                              text=True, timeout=30).stdout
+        assert f"pid {writer.pid} is stopped while it holds the store's write lock" in text
     finally:
         writer.send_signal(signal.SIGCONT)
         out, _ = writer.communicate(timeout=30)

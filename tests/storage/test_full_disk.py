@@ -65,6 +65,8 @@ def test_a_full_disk_refuses_publishes_drains_and_recovers(small_disk):
         for i in range(0, len(payloads), 100):
             b.publish_many("q", payloads[i:i + 100])
     fill(small_disk / "filler")
+    shown = cli("stats", "--json", data=store)         # another process can tell
+    assert shown.returncode == 0 and json.loads(shown.stdout)["store"]["disk_full"] is True
 
     with partq.Broker.open(store) as b:
         with pytest.raises(partq.StorageFull) as info:
