@@ -210,14 +210,16 @@ class Dispatcher(FlowService):
         log.info("flow %s of %s left queue %r", state.name or flow_id, state.client, queue)
         self._commit_and_notify(fut)
 
-    def report(self, queue: str, flow_id: str, counts: dict[int, int]) -> None:
-        """A flow of another process reports what it holds unacked per partition."""
+    def report(self, queue: str, flow_id: str, counts: dict[int, int],
+               paused: set[int] | None = None) -> None:
+        """A flow of another process reports what it holds unacked per partition (and which of
+        them it saw paused for a handoff: ``QueueDelivery.report``)."""
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
             if qd is None or state is None:
                 return
-            fut = self._submit(qd.report(state, counts, self.clock.now()))
+            fut = self._submit(qd.report(state, counts, self.clock.now(), paused))
         self._commit_and_notify(fut)
 
     def consumer_timeout(self, queue: str) -> float:

@@ -218,6 +218,9 @@ class QueueDelivery(FlowCalls):
             for a in actions:
                 if isinstance(a, Pause):
                     paused.append(a.p)
+                    source = self.flows.get(self.core.owner[a.p] or "")
+                    if source is not None and source.remote is not None:
+                        source.reported.pop(a.p, None)  # its counts from before the pause
                 elif isinstance(a, Redeliver):
                     self._redeliver(a.p)
                 elif isinstance(a, Assign):
@@ -287,7 +290,8 @@ class QueueDelivery(FlowCalls):
             return 0
         state = self.flows.get(owner)
         if state is not None and state.remote is not None:
-            return state.reported.get(p, 0)
+            # unknown until it reports a count made after it saw the pause: not nothing
+            return state.reported.get(p, 1 if p in self.core.handoffs else 0)
         return self.parts[p].outstanding(owner)
 
     def _held(self, p: int, flow_id: str) -> int | None:
@@ -298,14 +302,20 @@ class QueueDelivery(FlowCalls):
         return state.reported.get(p, 0) if state.remote is not None else \
             self.parts[p].outstanding(flow_id)
 
-    def report(self, flow: FlowState, counts: dict[int, int], now: float) -> list:
+    def report(self, flow: FlowState, counts: dict[int, int], now: float,
+               paused: set[int] | None = None) -> list:
         """A flow of another process reports what it holds unacked per storage partition: a
-        handoff waiting for it may complete. Returns the writes to submit."""
+        handoff waiting for it may complete, on a count the flow made after it saw the
+        partition paused (``paused``; None from a peer that does not say: any count). A count
+        made before could miss a message it was taking as the pause began. Returns the writes
+        to submit."""
         actions = []
         for sp, n in counts.items():
             slot = self.slot_of.get(sp)
             if slot is None or self.core.owner[slot] != flow.flow_id:
                 continue
+            if slot in self.core.handoffs and paused is not None and sp not in paused:
+                continue            # counted before it saw the pause: wait for the next count
             flow.reported[slot] = n
             if slot in self.core.handoffs:
                 actions += self.core.acked(slot, n, now)

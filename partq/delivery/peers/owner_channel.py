@@ -15,7 +15,9 @@ Frames are ``partq.wire``'s (length, crc32c, msgpack). Client -> owner::
     {"op": "bind", "req", "name", "hint", "skip_corrupt"} -> {"op": "bound", "req", "flow"}
     {"op": "unbind", "req", "flow"}                   -> {"op": "ok", "req"}
     {"op": "view", "req"}                             -> {"op": "view", "req", "view"}
-    {"op": "outstanding", "flow", "counts": [[partition, n], ...]}
+    {"op": "outstanding", "flow", "counts": [[partition, n], ...], "paused": [partition, ...]}
+        (``paused``: the flow's partitions it saw paused for a handoff when it counted: only
+        such a count can end a handoff)
     {"op": "beat"}
     owner -> client: {"op": "event", "flow", "active", "partitions"}, {"op": "closed", "flow",
     "reason"}, {"op": "error", "req", "error", "message", and the error's fields} (the error's
@@ -299,7 +301,9 @@ class ControlServer:
             return
         if op == "outstanding":
             counts = {int(p): int(n) for p, n in frame.get("counts", [])}
-            self.dispatcher.report(self.queue, str(frame.get("flow")), counts)
+            paused = frame.get("paused")
+            self.dispatcher.report(self.queue, str(frame.get("flow")), counts,
+                                   None if paused is None else {int(p) for p in paused})
             return
         req = frame.get("req")
         try:

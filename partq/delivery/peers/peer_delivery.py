@@ -55,6 +55,7 @@ class PeerQueue:
         self.flows: dict[str, PeerFlow] = {}
         self._assignment: tuple[bytes | None, bytes | None, Assignment] | None = None
         self._reports: list = []            # (pending ack or None, flow) to report once done
+        self._seen_version = -1             # the store's version when pauses were last looked at
         self._closing = False
         self._link = self._connect()
 
@@ -78,14 +79,35 @@ class PeerQueue:
         self.dispatcher.notify()
 
     def _due_reports(self) -> list[dict]:
-        """The unacked counts of flows that received, whose acks committed, or that nacked: a
-        handoff waits for them, and the owner's queue status shows them."""
+        """The unacked counts of flows that received, whose acks committed, or that nacked, or
+        that have partitions newly paused for a handoff (a handoff waits for a count made
+        after the flow saw the pause, whether or not it receives); the owner's queue status
+        shows them."""
         self._unbind_hung()
         with self.lock:
+            self._note_pauses()
             done = {id(f): f for p, f in self._reports if p is None or p.done()}
             self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
-            return [{"op": "outstanding", "flow": f.flow_id, "counts": f.outstanding()}
-                    for f in done.values()]
+            return [{"op": "outstanding", "flow": f.flow_id, "counts": f.outstanding(),
+                     "paused": sorted(f.seen_paused)} for f in done.values()]
+
+    def _note_pauses(self) -> None:
+        """Under the lock (no receive of this process takes meanwhile): when the store changed,
+        read the assignment again and report the flows whose paused partitions changed."""
+        version = self.store.version()
+        if version == self._seen_version or not self.flows:
+            return
+        self._seen_version = version
+        try:
+            with self.store.read() as r:
+                assignment = self._read_assignment(r)
+        except PartqError:
+            return                  # deleted, or unreadable now: the flows' receives say so
+        for flow in self.flows.values():
+            paused = frozenset(self._paused(flow, assignment))
+            if paused != flow.seen_paused:
+                flow.seen_paused = paused
+                self._reports.append((None, flow))
 
     def _unbind_hung(self) -> None:
         """Unbind this process's flows whose handler hangs (rule `max-poll-interval`), each in
@@ -250,7 +272,11 @@ class PeerQueue:
             flow.check_receivable()
             with self.store.read() as r:
                 assignment = self._sync(flow, r)
-                handing_off = flow.settle(self._paused(flow, assignment))
+                paused = frozenset(self._paused(flow, assignment))
+                if paused != flow.seen_paused:      # the owner waits for a report that saw it
+                    flow.seen_paused = paused
+                    self._reports.append((None, flow))
+                handing_off = flow.settle(paused)
                 config = assignment.config
                 if handing_off:
                     self._write_settles([(flow, *s) for s in handing_off])

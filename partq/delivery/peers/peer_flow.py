@@ -74,6 +74,8 @@ class PeerFlow:
         self._local: FlowEndpoint | None = None       # after this process took delivery over
         self.poll = PollWatch(group.now())            # rule `max-poll-interval`
         self._outside = -1          # the count of acks written outside delivery it last saw
+        self.seen_paused: frozenset[int] = frozenset()  # its partitions paused for a handoff, as
+                                    # its last receive saw them (its reports say so)
 
     # the FlowEndpoint interface ------------------------------------------------
     @property
