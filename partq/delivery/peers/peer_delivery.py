@@ -94,15 +94,17 @@ class PeerQueue:
     def _note_pauses(self) -> None:
         """Under the lock (no receive of this process takes meanwhile): when the store changed,
         read the assignment again and report the flows whose paused partitions changed."""
-        version = self.store.version()
-        if version == self._seen_version or not self.flows:
+        if self._closing or not self.flows:
             return
-        self._seen_version = version
         try:
+            version = self.store.version()
+            if version == self._seen_version:
+                return
+            self._seen_version = version
             with self.store.read() as r:
                 assignment = self._read_assignment(r)
-        except PartqError:
-            return                  # deleted, or unreadable now: the flows' receives say so
+        except Exception:   # the store closing, the queue deleted: the link thread
+            return          # must go on (beats); the flows' own receives say what happened
         for flow in self.flows.values():
             paused = frozenset(self._paused(flow, assignment))
             if paused != flow.seen_paused:
