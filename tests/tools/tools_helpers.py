@@ -45,28 +45,28 @@ def ok(result: Result) -> Result:
     return result
 
 
-def user_error(result: Result, *fragments: str) -> str:
-    """Exit 1, exactly one line on stderr, "Error: ...", no traceback; returns that line."""
-    assert result.exit_code == 1, describe(result)
-    assert isinstance(result.exception, SystemExit), describe(result)
+def one_line_error(result: Result, status: int, *fragments: str) -> str:
+    """Exit ``status``, exactly one line on stderr, "Error: ...", no traceback, containing
+    every fragment; returns that line."""
+    assert result.exit_code == status, describe(result)
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), describe(result)
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in lines[0], describe(result)
     return lines[0]
+
+
+def user_error(result: Result, *fragments: str) -> str:
+    """Exit 1, exactly one line on stderr, "Error: ...", no traceback; returns that line."""
+    assert isinstance(result.exception, SystemExit), describe(result)
+    return one_line_error(result, 1, *fragments)
 
 
 def option_error(result: Result, *fragments: str) -> str:
     """A value an option refuses on its own: exit 2 (a usage error), exactly one line on
     stderr, "Error: ...", naming the option; returns that line."""
-    assert result.exit_code == 2, describe(result)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), describe(result)
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], describe(result)
-    return lines[0]
+    return one_line_error(result, 2, *fragments)
 
 
 def usage_error(result: Result) -> None:
