@@ -73,7 +73,16 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from brokers import die_with_parent  # noqa: E402
 from method import DEFAULT_PAIRS, emit, header, line, log, pairs_line  # noqa: E402
 from peers import Skip  # noqa: E402
-from remote_sides import NatsSide, RabbitMQSide, RedisSide, ReferenceSide, Side, run_clients, settled  # noqa: E402
+from remote_sides import (  # noqa: E402
+    NatsSide,
+    RabbitMQSide,
+    RedisSide,
+    ReferenceSide,
+    Side,
+    consume_queue,
+    run_clients,
+    settled,
+)
 
 import partq  # noqa: E402
 
@@ -155,11 +164,7 @@ class PartqServe:
         """A new queue of 8 partitions holding ``prefill`` messages (untimed)."""
         self._queues += 1
         name = f"consume-{self._queues}"
-        with partq.Broker.open(self.data) as broker:
-            broker.create_queue(name, partitions=8, rebalance_delay=0.2, max_handoff_time=0.2)
-            for start in range(0, prefill, 1000):
-                broker.publish_many(name, [(PAYLOAD, f"k{i}")
-                                           for i in range(start, min(start + 1000, prefill))])
+        consume_queue(self.data, name, prefill)
         return name
 
     def stop(self) -> None:

@@ -81,6 +81,32 @@ def settled(data: str, queue: str, flows: int) -> None:
             time.sleep(0.02)
 
 
+def consume_queue(data: str, name: str, prefill: int) -> None:
+    """Create queue ``name`` of 8 partitions in ``data`` holding ``prefill`` keyed messages
+    (untimed): what every consume slice of partq serve and of the reference server drains."""
+    with partq.Broker.open(data) as broker:
+        broker.create_queue(name, partitions=8, rebalance_delay=0.2, max_handoff_time=0.2)
+        for start in range(0, prefill, 1000):
+            broker.publish_many(name, [(PAYLOAD, f"k{i}")
+                                       for i in range(start, min(start + 1000, prefill))])
+
+
+class ServerSide:
+    """A side whose server object starts, stops and tells its version."""
+
+    server: RabbitMQServer | NatsServer
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def version(self) -> str:
+        return self.server.version
+
+
 class Side(Protocol):
     key: str
     pub_line: str
@@ -187,7 +213,7 @@ class RedisSide:
 
 
 # ---------------------------------------------------------------------------- RabbitMQ
-class RabbitMQSide:
+class RabbitMQSide(ServerSide):
     key = "rabbitmq"
     pub_line = "rabbitmq_quorum_publish_confirm_100_{n}_clients"
     con_line = "rabbitmq_quorum_consume_ack_100_{n}_clients"
@@ -202,16 +228,6 @@ class RabbitMQSide:
 
     def __init__(self) -> None:
         self.server, self._queues = RabbitMQServer(), 0
-
-    def start(self) -> None:
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    @property
-    def version(self) -> str:
-        return self.server.version
 
     def _queue(self, tag: str) -> str:
         self._queues += 1
@@ -236,7 +252,7 @@ class RabbitMQSide:
 
 
 # ---------------------------------------------------------------------------- NATS
-class NatsSide:
+class NatsSide(ServerSide):
     key = "nats"
     pub_line = "nats_jetstream_publish_100_{n}_clients"
     con_line = "nats_jetstream_fetch_ack_100_{n}_clients"
@@ -250,16 +266,6 @@ class NatsSide:
 
     def __init__(self) -> None:
         self.server, self._streams = NatsServer(), 0
-
-    def start(self) -> None:
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    @property
-    def version(self) -> str:
-        return self.server.version
 
     def _stream(self, tag: str, prefill: int, consumer: bool) -> str:
         self._streams += 1
@@ -313,11 +319,7 @@ class ReferenceSide:
         """A fresh queue of 8 partitions, as partq serve's (rebalance settled before the slice)."""
         self._queues += 1
         queue, data = f"consume-{self._queues}", self.server.data
-        with partq.Broker.open(data) as broker:
-            broker.create_queue(queue, partitions=8, rebalance_delay=0.2, max_handoff_time=0.2)
-            for start in range(0, prefill, 1000):
-                broker.publish_many(queue, [(PAYLOAD, f"k{i}")
-                                            for i in range(start, min(start + 1000, prefill))])
+        consume_queue(data, queue, prefill)
         return run_clients(reference_server.ref_consumer,
                            [(self.server.address, queue, f"c{j}") for j in range(n)], seconds,
                            settle=lambda: settled(data, queue, n))
