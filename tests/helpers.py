@@ -16,6 +16,18 @@ BENCH_KEYS = frozenset({"name", "unit", "value"})
 BENCH_PEER_KEYS = frozenset({"peer", "peer_value", "ratio"})
 
 
+def bench_env(repo, scratch, path: str | None = None) -> dict:
+    """The environment a benchmark script runs in under the suite: the repository importable,
+    its scratch directories under ``scratch`` (where the test can check it removed them), and
+    ``path`` as PATH when given (a PATH without a peer's server)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    env["TMPDIR"] = str(scratch)
+    if path is not None:
+        env["PATH"] = path
+    return env
+
+
 def wait_until(cond, timeout: float, what: str, interval: float = 0.02, procs=()):
     """Poll ``cond()`` until it returns something truthy and return that; fail naming ``what``
     after ``timeout`` seconds. Fails early, with its output, when one of ``procs`` (objects with

@@ -4,13 +4,12 @@ still holds, B gets nothing of the moving partition before A acked under "partit
 key is never delivered during its delay, and the nacked message comes back first."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import check_bench_lines
+from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 HANDOFF = "handoff_first_message_seconds_key"
@@ -19,9 +18,7 @@ NACK = "consume_other_keys_during_nack_delay_key"
 
 @pytest.mark.timeout(120)
 def test_key_ordering_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)  # the bench's scratch directories, and proof it removes them
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "key_ordering.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]

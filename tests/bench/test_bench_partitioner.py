@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import check_bench_lines
+from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = ("random", "batch_sticky", "uniform_sticky", "adaptive_sticky")
@@ -40,9 +39,7 @@ def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench-partitioner")
     scratch, out = tmp / "scratch", tmp / "out"
     scratch.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(scratch)  # the bench's broker directories, and proof it removes them
+    env = bench_env(REPO, scratch)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "partitioner.py"), "--quick",
                            "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

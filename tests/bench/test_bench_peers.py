@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import BENCH_KEYS, BENCH_PEER_KEYS, check_bench_lines
+from helpers import BENCH_KEYS, BENCH_PEER_KEYS, bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = BENCH_KEYS | BENCH_PEER_KEYS
@@ -54,11 +54,7 @@ def _have_redis() -> bool:
 def run_quick(tmp: Path, path_env: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     scratch, out, cache = tmp / "scratch", tmp / "out", tmp / "cache"
     scratch.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(scratch)  # the bench's scratch directories, and proof it removes them
-    if path_env is not None:
-        env["PATH"] = path_env
+    env = bench_env(REPO, scratch, path_env)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "peers.py"), "--quick",
                            "--out", str(out), "--cache", str(cache)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=180)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import check_bench_lines
+from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = (1, 4)
@@ -48,11 +48,7 @@ def leftovers(scratch: Path) -> list[str]:
 def run_sockets(tmp: Path, sides: str, path_env: str | None = None, timeout: float = 150):
     scratch = tmp / "scratch"
     scratch.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(scratch)  # the bench's scratch directories, and proof it removes them
-    if path_env is not None:
-        env["PATH"] = path_env
+    env = bench_env(REPO, scratch, path_env)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "remote.py"), "--quick",
                            "--only", "sockets", "--sides", sides, "--seconds", "0.2",
                            "--prefill", "500"],

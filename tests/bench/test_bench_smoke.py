@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import check_bench_lines
+from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,9 +22,7 @@ EXPECTED = {
 
 
 def test_publish_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)  # the bench's scratch directories, and proof it removes them
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "publish.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -34,9 +31,7 @@ def test_publish_bench_quick_prints_json_lines(tmp_path):
 
 
 def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "encode_cost.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -51,9 +46,7 @@ def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
 
 
 def test_online_scaling_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "online_scaling.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -67,9 +60,7 @@ def test_online_scaling_bench_quick_prints_json_lines(tmp_path):
 
 
 def test_memory_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -115,9 +106,7 @@ def test_report_collects_lines_and_writes_the_table(tmp_path):
 
 
 def test_hostile_bench_quick_prints_json_lines(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["TMPDIR"] = str(tmp_path)
+    env = bench_env(REPO, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "hostile.py"), "--quick"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
