@@ -106,10 +106,17 @@ class PeerQueue:
         except Exception:   # the store closing, the queue deleted: the link thread
             return          # must go on (beats); the flows' own receives say what happened
         for flow in self.flows.values():
-            paused = frozenset(self._paused(flow, assignment))
-            if paused != flow.seen_paused:
-                flow.seen_paused = paused
-                self._reports.append((None, flow))
+            self._see_pauses(flow, assignment)
+
+    def _see_pauses(self, flow: PeerFlow, assignment: Assignment) -> frozenset[int]:
+        """Under the lock: ``flow``'s partitions paused for a handoff in ``assignment``; when
+        they changed, its next report says so (the owner waits for a count made after the
+        flow saw the pause)."""
+        paused = frozenset(self._paused(flow, assignment))
+        if paused != flow.seen_paused:
+            flow.seen_paused = paused
+            self._reports.append((None, flow))
+        return paused
 
     def _unbind_hung(self) -> None:
         """Unbind this process's flows whose handler hangs (rule `max-poll-interval`), each in
@@ -274,11 +281,7 @@ class PeerQueue:
             flow.check_receivable()
             with self.store.read() as r:
                 assignment = self._sync(flow, r)
-                paused = frozenset(self._paused(flow, assignment))
-                if paused != flow.seen_paused:      # the owner waits for a report that saw it
-                    flow.seen_paused = paused
-                    self._reports.append((None, flow))
-                handing_off = flow.settle(paused)
+                handing_off = flow.settle(self._see_pauses(flow, assignment))
                 config = assignment.config
                 if handing_off:
                     self._write_settles([(flow, *s) for s in handing_off])
