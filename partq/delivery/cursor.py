@@ -11,7 +11,9 @@ Per partition a cursor keeps:
 * ``high``: the highest sequence actually delivered in this run;
 * ``suspect``: seqs an earlier holder may have delivered without counting it (it crashed, or
   held the partition in another process): each counts one lost delivery when handed out again;
-* ``wait_until``: a nack with a delay holds the partition until then (rule `retry-delay`).
+* ``wait_until``: a nack with a delay holds the partition until then (rule `retry-delay`);
+* ``dead``: the seqs it decided are dead (the last ``RECENT_DEAD``), from the moment it decided,
+  before the kill commits: an ack of one is refused (``dead_letter``).
 
 The durable delivered mark runs ahead of real deliveries by up to ``MARK_LEASE`` sequences
 (capped at the log's head), so most receives need no commit; after a crash every unacked message
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 
+from partq.delivery.dead_letter import RECENT_DEAD
 from partq.delivery.handout import Handout
 from partq.delivery.key_order import KeyOrder, take_by_key
 from partq.errors import CorruptRecord
@@ -41,7 +44,7 @@ MARK_LEASE = 1024
 class Cursor:
     __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk",
                  "epoch", "stale", "remote_held", "held_by", "suspect_from", "suspect_upto",
-                 "settled", "wait_until", "keyed")
+                 "settled", "wait_until", "keyed", "dead")
 
     def __init__(self, sp: int, ack, epoch: int = 0, keyed: bool = False) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
@@ -58,7 +61,21 @@ class Cursor:
         self.held_by: int | None = None   # the old partition its next message waits for
         self.wait_until = 0.0     # a nack's delay holds the partition until then (clock.now())
         self.keyed: KeyOrder | None = KeyOrder() if keyed else None   # ordering="key"
+        self.dead: dict[int, None] = {}     # seqs it killed, oldest first
         self._suspect(ack)
+
+    def note_dead(self, seqs) -> None:
+        """Seqs this cursor decided are dead (their kill may not have committed yet)."""
+        dead = self.dead
+        for seq in seqs:
+            dead[seq] = None
+        while len(dead) > RECENT_DEAD:
+            del dead[next(iter(dead))]
+
+    def forget_dead(self, seqs) -> None:
+        """The kill of ``seqs`` did not commit: they are not dead."""
+        for seq in seqs:
+            self.dead.pop(seq, None)
 
     def set_ordering(self, keyed: bool) -> None:
         """The queue's ``ordering`` is (now) "key" or "partition". To "key": from the next

@@ -4,13 +4,25 @@ appended to the queue's dead message queue with the reason in its headers. Witho
 queue (none set, none of that name, or one whose ingress is off) it is discarded and counted.
 
 Counts, kept per queue in the store (so they survive restarts and reach a DR-standby with the
-change log): dead messages by reason, and dead messages discarded."""
+change log): dead messages by reason, and dead messages discarded.
+
+A consumer may still hold a copy of a message that died (a delivery that came back unacked, or
+was given back by a nack of an earlier message, and expired or passed its limit when it was
+handed out again; an operator's kill): its ack must not return as if it had taken the message.
+Each partition keeps the seqs of its last ``RECENT_DEAD`` dead messages in the store
+(``recent_dead``), written in the killing transaction; the delivery cursors remember their own
+kills from the moment they decide them (``Cursor.note_dead``). An ack of such a message is
+refused with ``FlowFenced``. A message that died before the last ``RECENT_DEAD`` of its
+partition is forgotten: an ack of it then does nothing and raises nothing, as for any message
+acked already."""
 from __future__ import annotations
 
 import logging
 import random
 from collections.abc import Callable
 from typing import NamedTuple
+
+import msgpack
 
 from partq.config import QueueConfig
 from partq.core.key_hash import crc32c_of
@@ -27,6 +39,7 @@ log = logging.getLogger("partq.delivery")
 
 REASONS = ("max_redelivery", "expired", "rejected")
 _DISCARDED = b"dead/discarded"
+RECENT_DEAD = 1024          # dead seqs remembered per partition (an ack of one is refused)
 _rng = random.Random()
 
 
@@ -70,6 +83,33 @@ def dead_counts(reader, qid: int) -> dict[str, int]:
     return out
 
 
+def _recent_key(partition: int) -> bytes:
+    return b"recent-dead/%d" % partition
+
+
+def recent_dead(reader, qid: int, partition: int) -> frozenset[int]:
+    """The seqs of the last ``RECENT_DEAD`` messages of the partition that died."""
+    raw = reader.queue_meta(qid, _recent_key(partition))
+    return frozenset(msgpack.unpackb(raw)) if raw is not None else frozenset()
+
+
+def recent_dead_of(reader, qid: int) -> Callable[[int], frozenset[int]]:
+    """``recent_dead`` of the queue's partitions in ``reader``, each read once."""
+    seen: dict[int, frozenset[int]] = {}
+
+    def of(partition: int) -> frozenset[int]:
+        if partition not in seen:
+            seen[partition] = recent_dead(reader, qid, partition)
+        return seen[partition]
+    return of
+
+
+def _remember(w, qid: int, partition: int, seqs: list[int]) -> None:
+    raw = w.queue_meta(qid, _recent_key(partition))
+    kept = (msgpack.unpackb(raw) if raw is not None else []) + seqs
+    w.put_queue_meta(qid, _recent_key(partition), msgpack.packb(kept[-RECENT_DEAD:]))
+
+
 def dead_op(queue: str, qid: int, dead: list[DeadMessage], now_ns: int,
             holds: Callable | None = None) -> Callable:
     """The write that kills ``dead``: each message not acked yet (a second attempt finds it
@@ -99,6 +139,7 @@ def dead_op(queue: str, qid: int, dead: list[DeadMessage], now_ns: int,
             return
         for p, ds in fresh.items():
             w.ack(qid, p, [d.seq for d in ds])
+            _remember(w, qid, p, [d.seq for d in ds])
         kills = [d for ds in fresh.values() for d in ds]
         for reason in REASONS:
             n = sum(1 for d in kills if d.reason == reason)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from partq.config import QueueConfig, redelivery_wait
 from partq.core.rebalancer import Rebalancer
 from partq.delivery.cursor import Cursor, flag_redelivered
-from partq.delivery.dead_letter import DeadMessage, dead_op, rejected
-from partq.delivery.flow_state import FlowState, fenced_error, fenced_range
+from partq.delivery.dead_letter import DeadMessage, dead_op, recent_dead_of, rejected
+from partq.delivery.flow_state import FlowState, dead_error, fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Cutover, Holds
 from partq.delivery.key_handoff import draining_hold, early_slots, target_holds
@@ -112,6 +112,8 @@ class FlowCalls:
                 handout.marks[ps.sp] = mark
         if core.handoffs:
             self._take_early(flow, want, out, handout, reader, holds)
+        for d in handout.dead:
+            self.parts[self.slot_of[d.partition]].note_dead([d.seq])
         flow.inflight += len(out)
         if not out and flow.pending_error is not None:
             err, flow.pending_error = flow.pending_error, None
@@ -163,6 +165,7 @@ class FlowCalls:
         for d in handout.dead:
             ps = self.part(d.partition)
             if ps is not None:
+                ps.forget_dead([d.seq])
                 ps.put_back(d.seq, d.key, False)
 
     def collected(self, handout: Handout) -> None:
@@ -174,6 +177,7 @@ class FlowCalls:
             ps = self.part(d.partition)
             if ps is not None:
                 ps.ack.add([d.seq])
+                ps.note_dead([d.seq])
 
     def collect_ops(self, handout: Handout, seen: dict[int, int]) -> list:
         """The writes of a collect (``Handout.ops``)."""
@@ -205,11 +209,17 @@ class FlowCalls:
         partition the flow no longer holds (it moved to another flow after a handoff timed out,
         or the flow left) changes nothing and raises ``FlowFenced``; the message belongs to the
         partition's current flow, which gets it redelivered. A batch is taken whole or not at
-        all. Late acks of messages whose partition no longer exists change nothing either way."""
+        all. Late acks of messages whose partition no longer exists change nothing either way.
+        An ack of a message that died since it was handed out (``dead_letter``) raises
+        ``FlowFenced`` too: it is in the dead message queue, and acking it changes nothing."""
         by_p: dict[int, list[int]] = {}     # slot -> seqs
         slot_of, owner = self.slot_of, self.core.owner
         stranded: list[int] = []
         fenced: list[Message] = []
+        dead: list[Message] = []
+        recent = recent_dead_of(reader, self.qid)
+        # acks written outside delivery not taken in yet: an operator may have killed any of them
+        unseen = outside_count(reader, self.qid) != self.outside
         msgs = list(msgs)
         for m in msgs:
             if m.queue != self.name:
@@ -233,8 +243,13 @@ class FlowCalls:
                            not ps.stale or self._fenced(reader, slot))
             if m.seq > ps.ack.delivered_mark:
                 raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
-            if not ps.ack.is_acked(m.seq):
+            acked = ps.ack.is_acked(m.seq)
+            if m.seq in ps.dead or ((acked or unseen) and m.seq in recent(ps.sp)):
+                dead.append(m)
+            elif not acked:
                 by_p.setdefault(slot, []).append(m.seq)
+        if dead:
+            raise dead_error(self.name, flow, dead)
         if stranded:
             self._check_delivered_from_parent(flow, stranded, reader)
         qid = self.qid

@@ -19,6 +19,16 @@ def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced
         f"partition's current flow gets them redelivered", msgs)
 
 
+def dead_error(queue: str, flow, msgs: list[Message]) -> FlowFenced:
+    """The error of an ack naming messages that died since they were handed out."""
+    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+    return FlowFenced(
+        f"flow {flow.name or flow.flow_id} of queue {queue!r} acked {len(msgs)} message(s) that "
+        f"died after it got them (expired, past max_redelivery, or rejected or killed: "
+        f"partition/seq {where}): nothing of the batch was acked; they are in the dead message "
+        f"queue (or were discarded, without one)", msgs)
+
+
 def fenced_range(queue: str, flow, sp: int, seq: int) -> FlowFenced:
     """The error of an ``ack_through`` of a partition the flow does not hold."""
     return FlowFenced(f"flow {flow.name or flow.flow_id} of queue {queue!r} does not hold "

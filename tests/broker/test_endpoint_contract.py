@@ -327,6 +327,39 @@ def test_an_expired_message_is_never_delivered(kind):
     assert (dead.payload, dead.headers["dead_reason"]) == (b"stale", "expired")
 
 
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_an_ack_of_a_message_that_died_since_it_was_handed_out_is_fenced(kind, ordering):
+    """A nack gives back the later message of its key too; that one expires while the nack's
+    delay holds it, so it dies: the consumer's ack of the copy it still holds must not return
+    as if it had taken the message (it is in the dead message queue), nor may an ack of a
+    message the consumer rejected."""
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq", ordering=ordering)
+    flow = kind.bind("q")
+    key, other = keys_of(0, 1)[0], keys_of(1, 1)[0]
+    kind.broker.publish("q", b"first", key=key)
+    kind.broker.publish("q", b"short", key=key, ttl=0.5)
+    kind.broker.publish("q", b"bad", key=other)
+    got = {m.payload: m for m in take(flow, 3)}
+    first, short, bad = got[b"first"], got[b"short"], got[b"bad"]
+    expires = time.time() + 0.5
+    flow.nack(first, delay=1.0)                       # gives back "short" with it; a remote
+    flow.reject(bad)                                  # flow's server sends again at once, so
+    wait_until(lambda: time.time() > expires + 0.05, 5, "the TTL to pass")   # wait past the TTL
+    (again,) = take(flow, 1)
+    assert (again.payload, again.delivery_count) == (b"first", 2) and nothing_more(flow)
+    for copy in (short, bad):
+        with pytest.raises(partq.FlowFenced) as fenced:
+            flow.ack_many([again, copy])              # whole or nothing: "first" stays unacked
+        assert [m.seq for m in fenced.value.messages] == [copy.seq]
+    assert kind.broker.queue_status("q").depth == 1
+    flow.ack(again)
+    dead = dead_copies(kind, 2)
+    assert sorted((m.payload, m.headers["dead_reason"]) for m in dead) == \
+        [(b"bad", "rejected"), (b"short", "expired")]
+    assert kind.broker.queue_status("q").depth == 0
+
+
 def test_a_flow_whose_handler_hangs_is_unbound_and_its_messages_redelivered(kind):
     make_queue(kind, max_poll_interval=1.0)
     hung = kind.bind("q")
@@ -364,6 +397,9 @@ def test_an_operator_kills_or_acks_a_held_message_by_its_position(kind):
     assert kind.broker.ack_message("q", 0, 1) is True
     assert kind.broker.kill_message("q", 0, 0) is False  # dead already
     flow.ack(held[1])                                 # acked already: nothing to do, no error
+    with pytest.raises(partq.FlowFenced) as fenced:   # dead: the ack must not say it took it
+        flow.ack(held[0])
+    assert [(m.partition, m.seq) for m in fenced.value.messages] == [(0, 0)]
     rest = take(flow, 2)
     assert [m.payload for m in rest] == [b"m2", b"m3"]
     flow.ack_many(rest)

@@ -25,7 +25,7 @@ import time
 from partq import errors
 from partq.config import QueueConfig, redelivery_wait
 from partq.delivery.cursor import flag_redelivered
-from partq.delivery.dead_letter import dead_op, rejected
+from partq.delivery.dead_letter import dead_op, recent_dead_of, rejected
 from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, read_cutover
@@ -349,7 +349,7 @@ class PeerQueue:
         with self.lock:
             with self.store.read() as r:
                 assignment = self._sync(flow, r)
-            by_sp, epochs = flow.apply_acks(msgs)
+                by_sp, epochs = flow.apply_acks(msgs, recent_dead_of(r, self.qid))
             # a partition paused for a handoff settles with the acks that may end it
             handing_off = flow.settle(self._paused(flow, assignment))
         if not by_sp:

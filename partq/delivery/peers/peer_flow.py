@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from partq.delivery.cursor import Cursor
-from partq.delivery.flow_state import fenced_error, fenced_range
+from partq.delivery.flow_state import dead_error, fenced_error, fenced_range
 from partq.errors import CorruptRecord, FlowClosed, InvalidAck
 from partq.flow import FlowEndpoint, PollWatch
 from partq.message import FlowChangeUpdate, Message
@@ -279,6 +279,8 @@ class PeerFlow:
             mark = cursor.mark(reader, qid)
             if mark is not None:
                 handout.marks[sp] = mark
+        for d in handout.dead:
+            self._cursors[d.partition].note_dead([d.seq])
         self._inflight += len(out)
         return out
 
@@ -307,10 +309,12 @@ class PeerFlow:
             if cursor is not None:
                 cursor.redeliver_upto = max(cursor.redeliver_upto, stored)
 
-    def apply_acks(self, msgs: list[Message]) -> tuple[dict[int, list[int]], dict[int, int]]:
+    def apply_acks(self, msgs: list[Message], recent_dead: Callable[[int], frozenset[int]]
+                   ) -> tuple[dict[int, list[int]], dict[int, int]]:
         """Ack ``msgs`` in memory, all or none: returns the seqs newly acked per partition and
         the epoch it holds each partition under (the write checks it). Raises ``InvalidAck``,
-        or ``FlowFenced`` for messages of partitions it does not hold, changing nothing."""
+        or ``FlowFenced`` for messages of partitions it does not hold or that died since they
+        were handed out (``recent_dead(partition)``: the store's word), changing nothing."""
         fenced = []
         for m in msgs:
             if m.queue != self.queue:
@@ -321,14 +325,19 @@ class PeerFlow:
             raise fenced_error(self.queue, self, fenced, "acked")
         by_sp: dict[int, list[int]] = {}
         epochs: dict[int, int] = {}
+        dead = []
         for m in msgs:
             cursor = self._cursors[m.partition]
             if m.seq > cursor.ack.delivered_mark:
                 raise InvalidAck(f"{self.queue} partition {m.partition} seq {m.seq} was never "
                                  f"delivered")
-            if not cursor.ack.is_acked(m.seq):
+            if not cursor.ack.is_acked(m.seq) and m.seq not in cursor.dead:
                 by_sp.setdefault(m.partition, []).append(m.seq)
                 epochs[m.partition] = cursor.epoch
+            elif m.seq in cursor.dead or m.seq in recent_dead(m.partition):
+                dead.append(m)
+        if dead:
+            raise dead_error(self.queue, self, dead)
         for sp, seqs in by_sp.items():
             cursor = self._cursors[sp]
             cursor.ack.add(seqs)
@@ -372,6 +381,7 @@ class PeerFlow:
         del cursor.inflight[msg.seq]
         self._inflight -= 1
         cursor.ack.add([msg.seq])
+        cursor.note_dead([msg.seq])
         return cursor, cursor.epoch
 
     def cursor(self, sp: int) -> Cursor | None:
