@@ -26,6 +26,7 @@ from partq.storage.errors import (
     PartqError,
     StorageFull,
     StoreBusy,
+    Superseded,
     TornRead,
     UnsafeDirectory,
     UsedAcrossFork,
@@ -39,7 +40,8 @@ __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStor
            "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable", "PeerRefused",
            "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError", "InvalidAck",
            "LockHeld", "OwnerLost", "FrameError", "HandshakeFailed", "JobFinished", "JobAborted",
-           "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy", "QueueFull"]
+           "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy", "QueueFull",
+           "Superseded"]
 
 
 class QueueNotFound(PartqError):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStore", "CorruptRecord",
            "StorageFull", "UsedAcrossFork", "BrokerClosed", "InvalidConfig", "Diverged",
-           "UnsafeDirectory", "AccessDenied", "StoreBusy", "OpenedReadOnly", "TornRead"]
+           "UnsafeDirectory", "AccessDenied", "StoreBusy", "OpenedReadOnly", "TornRead",
+           "Superseded"]
 
 PARENT = 0xFFFFFFFF     # the parent queue's log (``partq.storage.encoding.PARENT``)
 
@@ -77,6 +78,12 @@ class InvalidConfig(PartqError, ValueError):
 class Diverged(PartqError):
     """A DR-standby's store no longer matches its primary's history: it must be bootstrapped
     again from a snapshot."""
+
+
+class Superseded(PartqError):
+    """This directory was a DR primary, and a standby of it has been promoted since (it told
+    this primary so): it refuses every write a standby would copy (publishes, acks, binds, queue
+    changes), so the two never both take writes. Its clients belong on the new primary."""
 
 
 class AccessDenied(PartqError):

@@ -11,6 +11,10 @@ Failure handling, in order:
   operation runs again alone, so one bad operation fails only its own caller, with the
   exception its operation raised (an lmdb exception as its partq error, by
   ``partq.storage.lmdb_errors``).
+* a directory marked superseded (``SUPERSEDED``: a DR primary a promoted standby told so) commits
+  nothing a standby would copy: a batch that made such changes fails with ``Superseded``, so its
+  operations run alone and only those that changed queues or messages fail. Every process of the
+  directory sees the mark in its next commit.
 
 The thread starts with the first write: a store that is only read (or refuses writes, as
 ``ReadOnlyStore``) runs none.
@@ -31,9 +35,10 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import lmdb
+import msgpack
 
 from partq.storage import crashpoints
-from partq.storage.errors import BrokerClosed
+from partq.storage.errors import BrokerClosed, Superseded
 from partq.storage.lmdb_errors import Step, translate
 from partq.storage.writer import Writer
 
@@ -212,8 +217,11 @@ class GroupCommitWriter:
             try:
                 with store.write_transaction() as txn:
                     replicating = txn.get(b"slots", db=meta) is not None
-                    writer = Writer(store, txn, replicating)
+                    superseded = txn.get(SUPERSEDED, db=meta)
+                    writer = Writer(store, txn, replicating or superseded is not None)
                     results, replicated = _run_ops(writer, batch)
+                    if superseded is not None and writer.changes:
+                        raise superseded_error(store.path, superseded)
                     lsn = writer.finish(changes_db)
                     guard = self.change_log_guard
                     over = bool(lsn) and guard is not None and guard.over(writer)
@@ -240,6 +248,25 @@ class GroupCommitWriter:
                 txn.commit()
         except Exception:       # the batch is committed: nothing here may fail its callers
             pass
+
+
+SUPERSEDED = b"superseded"   # meta: who superseded this primary (``partq.replication.supersede``)
+
+
+def superseded_error(path: str, raw: bytes) -> Superseded:
+    """The error of a write to a superseded directory, from its ``SUPERSEDED`` value."""
+    try:
+        info = msgpack.unpackb(raw)
+        by, tid, when = str(info["by"]), str(info["timeline"]), float(info["at"])
+        said = (f"its standby at {by} was promoted (timeline {tid}) and said so at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(when))}")
+    except Exception:  # a mark this version cannot read is a mark still
+        said = "a standby of it was promoted"
+    return Superseded(
+        f"{path} is a superseded DR primary: {said}; it refuses publishes, acks, binds and queue "
+        f"changes so that only one primary takes writes. Point clients at the new primary; to use "
+        f"this directory again, move it aside and start a standby of the new primary in a new "
+        f"one (what it took after the promotion is in the moved directory)")
 
 
 class ChangeLogGuard(Protocol):

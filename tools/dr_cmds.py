@@ -34,6 +34,9 @@ def _show(out: Output, doc: dict, follower: str | None) -> None:
         return
     out.echo(f"role {doc['role']}; head LSN {doc['head_lsn']}, applied LSN {doc['applied_lsn']}; "
              f"lag {doc['lag_messages']} messages, {doc['lag_seconds']:.3f} s")
+    if doc.get("superseded"):
+        out.echo("SUPERSEDED: a standby of this primary was promoted; it refuses writes (move the "
+                 "directory aside and follow the new primary)")
     if doc.get("primary"):
         out.echo(f"follows {doc['primary']}" + (f" ({follower})" if follower else ""))
     elif follower:
@@ -153,7 +156,10 @@ def dr_promote(app: App, timeout: float, out: Output) -> None:
 
     A running `partq standby` process on DIR is stopped first (SIGTERM). Afterwards services
     open DIR as usual (with replication_listen to serve a new standby); consumers that rebind
-    with their names or hints within the rebalance delay keep their partitions.
+    with their names or hints within the rebalance delay keep their partitions. While DIR runs
+    as a primary, it tells the old primary (at the address it followed, with the token and TLS
+    options DIR is opened with) that it is superseded; from then on the old primary refuses
+    writes, so the two never both take them.
     """
     lock_path = os.path.join(app.path, LOCK_FILE)
     follower = holder(lock_path)

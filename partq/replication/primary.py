@@ -56,6 +56,7 @@ from partq.replication.status import (
     stored_messages,
     u64,
 )
+from partq.replication.supersede import mark_superseded, superseded
 from partq.replication.sync_gate import SyncGate
 from partq.wire.frames import recv_frame, send_frame
 from partq.wire.listener import Listener
@@ -159,6 +160,9 @@ class ReplicationServer:
         link = None
         try:
             sock.settimeout(LINK_TIMEOUT)
+            if "supersedes" in hello:
+                self._superseded_by(sock, hello, where)
+                return
             try:
                 info = standby_hello(hello)
             except FrameError as exc:
@@ -190,10 +194,29 @@ class ReplicationServer:
                     if self._links.get(link.standby_id) is link:   # not a newer connection's
                         link.connected = False
 
+    def _superseded_by(self, sock: socket.socket, hello: dict, where: str) -> None:
+        """A promoted standby of this primary says so (``supersede``): mark the directory, which
+        refuses writes from now on, and answer; a history that does not fork from this one's is
+        refused."""
+        try:
+            theirs = timeline.from_wire(hello.get("supersedes"))
+        except FrameError as exc:
+            raise ReplicationRefused(f"malformed supersedes: {exc}") from None
+        who = f"standby {str(hello.get('standby_id'))[:64]} ({where})"
+        reason = self.store.write(lambda w: mark_superseded(w, theirs, who))
+        if reason is not None:
+            raise ReplicationRefused(reason)
+        log.error("%s: %s was promoted and superseded this primary: it refuses writes now",
+                  self.store.path, who)
+        send_frame(sock, {"type": "superseded"})
+
     def _admit(self, w, info, where: str) -> _Admission:
         """In one write transaction: check the standby's history, choose resume or snapshot,
         and register its slot (so no trim can remove what it resumes from)."""
         history, head = timeline.read_history(w), u64(w.meta(b"lsn"))
+        if superseded(w):
+            return _Admission(history, head, None, (
+                "this primary was superseded by a promoted standby: follow the new primary"))
         applied = info.applied_lsn
         reason = timeline.divergence(history, head, info.timeline, applied or 0)
         if reason is None and applied and info.applied_crc is not None:

@@ -13,8 +13,9 @@ from partq.replication.link_watch import LinkWatch
 from partq.replication.primary import ReplicationServer
 from partq.replication.protocol import ReplicationOptions
 from partq.replication.slots import SlotKeeper, stored_status
-from partq.replication.standby import StandbyFollower, promote_store
+from partq.replication.standby import FOLLOWED, StandbyFollower, promote_store
 from partq.replication.status import ReplicationStatus
+from partq.replication.supersede import FENCE_TARGET, Fencer
 from partq.storage import Store
 
 log = logging.getLogger("partq.broker")
@@ -32,6 +33,7 @@ class ReplicationRole:
         self.server: ReplicationServer | None = None     # on a primary that listens
         self.follower: StandbyFollower | None = None     # on a standby that follows
         self.link_watch: LinkWatch | None = None         # logs links and lag alarms
+        self.fencer: Fencer | None = None        # a promoted store telling its old primary
 
     def follow(self, primary: str, options: ReplicationOptions, has_queues: bool) -> None:
         """Follow ``primary`` as its DR-standby (making a new directory one)."""
@@ -41,6 +43,7 @@ class ReplicationRole:
                                     f"start from a new directory")
             self.store.write(lambda w: w.put_local_meta(b"role", STANDBY_ROLE))
             self.standby = True
+        self.store.write(lambda w: w.put_local_meta(FOLLOWED, primary.encode()))
         self.follower = StandbyFollower(self.store, primary, options)
         self._watch()
 
@@ -53,13 +56,16 @@ class ReplicationRole:
             self._watch()
         else:
             SlotKeeper(self.store, options.slot_keep(self.store.max_map_size))
+        self._fence(options)
 
     def promote(self, listen: str | None, mode: str, sync_timeout: float,
                 options: ReplicationOptions) -> None:
         """Stop following and become a primary on a new timeline (serving ``listen``)."""
         if not self.standby:
             raise InvalidConfig(f"{self.store.path} is not a DR-standby; nothing to promote")
+        follow_options = options
         if self.follower is not None:
+            follow_options = self.follower.options
             self.follower.close()
             self.follower = None
         self.store.write(promote_store)
@@ -68,6 +74,15 @@ class ReplicationRole:
             self.server = ReplicationServer(self.store, listen, mode, sync_timeout, options)
             self._watch()
         log.info("%s promoted: it is a primary now", self.store.path)
+        self._fence(follow_options)
+
+    def _fence(self, options: ReplicationOptions) -> None:
+        """Tell the old primary it is superseded, if this store was promoted and has not yet
+        (``supersede``), with ``options`` (token, TLS) to reach it."""
+        with self.store.read() as r:
+            pending = r.meta(FENCE_TARGET) is not None
+        if pending and self.fencer is None:
+            self.fencer = Fencer(self.store, options)
 
     def status(self) -> ReplicationStatus:
         """Role, link state and lag (in messages and seconds)."""
@@ -87,6 +102,8 @@ class ReplicationRole:
             self.link_watch = LinkWatch(self.status)
 
     def close(self) -> None:
+        if self.fencer is not None:
+            self.fencer.close()
         if self.link_watch is not None:
             self.link_watch.close()
         if self.follower is not None:

@@ -191,11 +191,12 @@ def install_snapshot(store, snapshot_dir: str, lsn: int, crc_at: int | None = No
     never see a closed or half-loaded store, and a crash leaves the previous state), together
     with this standby's own meta keys; the snapshot brings the primary's timeline history."""
     with store.read() as r:
-        standby_id = r.meta(b"standby_id")
+        standby_id, followed = r.meta(b"standby_id"), r.meta(b"followed")
     store.install_snapshot(snapshot_dir, {
         b"slots": None, b"slots_invalidated": None, b"role": b"standby",
-        b"applied_lsn": pack_u64(lsn), b"standby_id": standby_id,
-        b"applied_crc": None if crc_at is None else pack_u64(crc_at)})
+        b"applied_lsn": pack_u64(lsn), b"standby_id": standby_id, b"followed": followed,
+        b"applied_crc": None if crc_at is None else pack_u64(crc_at),
+        b"superseded": None, b"fence_primary": None})
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from partq.replication.protocol import (
 )
 from partq.replication.snapshot import install_snapshot, received, remove_leftovers
 from partq.replication.status import ReplicationStatus, u64
+from partq.replication.supersede import FENCE_TARGET
 from partq.storage.encoding import pack_u64
 from partq.storage.writer import decode_change
 from partq.wire.frames import parse_address, recv_frame, send_frame
@@ -52,6 +53,7 @@ from partq.wire.handshake import client_handshake
 log = logging.getLogger("partq.replication")
 
 MAX_ENTRIES = 4096            # change-log entries in one frame at most
+FOLLOWED = b"followed"        # local meta: the address of the primary this standby follows
 RETRY_REFUSED = 5.0           # seconds between attempts after a refusal (auth, divergence)
 
 
@@ -268,10 +270,14 @@ class StandbyFollower:
 
 def promote_store(w) -> int:
     """Make a standby's store a primary's (in one write transaction): its LSN continues from
-    what it applied, on a new timeline; returns that LSN."""
+    what it applied, on a new timeline; the primary it followed is to be told it is superseded
+    (``supersede.FENCE_TARGET``). Returns that LSN."""
     applied = w.meta(b"applied_lsn")
     lsn = max(u64(w.meta(b"lsn")), u64(applied))
     w.put_local_meta(b"lsn", pack_u64(lsn))
     timeline.begin_timeline(w, lsn)
     w.delete_local_meta(b"role")
+    followed = w.meta(FOLLOWED)
+    if followed is not None:
+        w.put_local_meta(FENCE_TARGET, followed)
     return lsn

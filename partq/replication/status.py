@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from partq.storage.encoding import unpack_u64
+from partq.storage.group_commit import SUPERSEDED
 from partq.storage.writer import decode_change
 
 
@@ -35,6 +36,7 @@ class ReplicationStatus:
     token: bool | None = None           # the link is authenticated by a token (None: unknown)
     tls: bool | None = None
     last_error: str | None = None       # standby: why its last link ended (or was refused)
+    superseded: bool = False            # primary: a standby of it was promoted; it refuses writes
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,4 +76,5 @@ def primary_status(r, links: list[StandbyLink], mode: str | None) -> Replication
         role="primary", mode=mode, connected=any(link.connected for link in links),
         head_lsn=head, applied_lsn=min((link.acked_lsn for link in links), default=head),
         lag_messages=worst.lag_messages if worst else 0,
-        lag_seconds=worst.lag_seconds if worst else 0.0, standbys=links)
+        lag_seconds=worst.lag_seconds if worst else 0.0, standbys=links,
+        superseded=r.meta(SUPERSEDED) is not None)
