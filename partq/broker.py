@@ -531,6 +531,7 @@ class Broker:
         plan document of ``partq.core.rebalance_plan.plan_rebalance``."""
         config = self.queue_config(queue)
         st = self.queue_status(queue)
+        view = self.dispatcher.view(queue)
         mode, index = delivery_layout(config)
         with self._store.read() as r:
             state = decode_state(r.state(config.qid), f"queue {queue!r}")
@@ -541,6 +542,9 @@ class Broker:
             rebalance_delay=config.rebalance_delay, max_handoff_time=config.max_handoff_time,
             index=index, unacked={p.partition: p.unacked for p in st.partitions},
             depth={p.partition: p.depth for p in st.partitions}, consumers=consumers,
+            inflight_keys=None if config.ordering != "key" or view is None else {
+                s.partition: (s.inflight_keys, s.inflight_key_count) for s in view.slots
+                if s.inflight_key_count >= 0},
             add=list(add), remove=list(remove))
         return {"queue": queue, "rebalance_status": st.rebalance_status,
                 "delivery_owner": st.delivery_owner, **doc}

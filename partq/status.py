@@ -22,6 +22,10 @@ class PartitionStatus:
     # flows; 0 for flows of other processes)
     held_keys: int = 0
     held_messages: int = 0
+    # why they are held now: "delay" (a nack's delay), "handoff" (ordering="key": the keys the
+    # old flow of a handoff still holds; the partition shows its new flow, Ready), "cut-over"
+    # (an online scaling's)
+    held_for: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

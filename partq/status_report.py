@@ -49,7 +49,7 @@ def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
             partition=slot.partition, status=slot.status, flow=slot.flow,
             flow_name=slot.flow_name, depth=ack.backlog(head), unacked=slot.unacked,
             next_seq=head, ack_floor=ack.floor, error=slot.error, held_keys=slot.held_keys,
-            held_messages=slot.held_messages))
+            held_messages=slot.held_messages, held_for=list(slot.held_for)))
     parent_depth = (r.ack_state(config.qid, PARENT).backlog(r.head(config.qid, PARENT))
                     if r.has_partition(config.qid, PARENT) else 0)
     procedure = read_procedure(r, config.name, config.qid)

@@ -7,7 +7,7 @@ import click
 
 from partq.errors import DeliveryLocked
 from partq.ops.copy_out import Stranded, stranded_state
-from partq.ops.formatting import partition_label
+from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
 from partq.tools.output import Output, config_doc, on_off, output_options
@@ -124,7 +124,9 @@ def show(app: App, name: str, out: Output) -> None:
     Its lifecycle counts, since the queue was created: dead messages by reason (expired,
     delivered --max-redelivery times, rejected), those of them discarded for want of a dead
     message queue, publishes its quota refused or discarded, and the partitions waiting out a
-    nack's redelivery delay now.
+    nack's redelivery delay now. Under --ordering key, HELD says how many keys and messages of a
+    partition wait now, and why (a nack's delay, a handoff's draining keys, an online
+    scaling's cut-over).
 
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
@@ -167,11 +169,12 @@ def show(app: App, name: str, out: Output) -> None:
     _show_lifecycle(out, st)
     out.echo()
     errors = any(p.error for p in st.partitions)
+    held = any(held_text(p) for p in st.partitions)
     out.table(["PARTITION", "STATUS", "FLOW", "DEPTH", "UNACKED", "NEXT SEQ", "ACK FLOOR"]
-              + (["ERROR"] if errors else []),
+              + (["HELD"] if held else []) + (["ERROR"] if errors else []),
               [[partition_label(p.partition), p.status, p.flow_name or p.flow, p.depth,
-                p.unacked, p.next_seq, p.ack_floor] + ([p.error] if errors else [])
-               for p in st.partitions], indent="  ")
+                p.unacked, p.next_seq, p.ack_floor] + ([held_text(p)] if held else [])
+               + ([p.error] if errors else []) for p in st.partitions], indent="  ")
     out.echo()
     if st.flows:
         now = time.time()

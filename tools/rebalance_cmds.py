@@ -57,6 +57,13 @@ def rebalance(app: App, queue: str, dry_run: bool, consumers: int | None, add: t
         if handoffs:
             out.echo(f"  handoff: the partition pauses until its consumer acks its unacked "
                      f"messages, at most {plan['max_handoff_time']:g} s")
+        for s in handoffs:
+            if s["holds_keys"] is not None:
+                more = s["holds_key_count"] - len(s["holds_keys"])
+                out.echo(f"  under ordering=key partition {partition_label(s['partition'])} "
+                         f"flows to its new consumer at once; only its {s['holds_key_count']} "
+                         f"key(s) in flight wait: {', '.join(s['holds_keys']) or '-'}"
+                         + (f" and {more} more" if more > 0 else ""))
     else:
         out.echo("  nothing moves")
     out.echo()

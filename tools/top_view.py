@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from partq.metrics.sampling import Rates, Snapshot, dead_total, flow_unacked
+from partq.ops.formatting import held_text
 from partq.storage.encoding import PARENT
 from partq.tools.output import human_size, printable
 
@@ -98,14 +99,15 @@ def _lifecycle(snap: Snapshot) -> Group | None:
 
 
 def _partitions(snap: Snapshot, r: Rates, most: int) -> Table:
-    t = _table("partitions", "QUEUE", "P", "DEPTH", "IN/s", "OUT/s", "UNACKED", "STATUS", "FLOW")
+    t = _table("partitions", "QUEUE", "P", "DEPTH", "IN/s", "OUT/s", "UNACKED", "STATUS", "FLOW",
+               "HELD")
     for q in snap.queues:
         shown = sorted(q.partitions, key=lambda p: (-p.depth, p.partition))[:most]
         for p in sorted(shown, key=lambda p: p.partition):
             t.add_row(q.name, _part(p.partition), f"{p.depth:,}",
                       _rate(r.partition_published.get((q.name, p.partition), 0.0)),
                       _rate(r.partition_acked.get((q.name, p.partition), 0.0)), f"{p.unacked:,}",
-                      p.status, _t(p.flow_name or p.flow or "-"))
+                      p.status, _t(p.flow_name or p.flow or "-"), held_text(p) or "-")
         if len(q.partitions) > most:
             t.add_row(q.name, "...", f"{len(q.partitions) - most} more")
     return t

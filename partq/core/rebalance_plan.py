@@ -9,7 +9,11 @@ happened to each partition on the way:
 
 * ``assign``: owned by nobody, given to a flow at once (no handoff: nothing was delivered);
 * ``handoff``: paused, with its unacked messages, until its owner acks them (at most
-  ``max_handoff_time``), then moved (rules `handoff` and `handoff-isolation`);
+  ``max_handoff_time``), then moved (rules `handoff` and `handoff-isolation`). Under
+  ``ordering="key"`` only the keys its owner holds unacked wait (``holds_keys``: a sample of
+  them, at most 20, and ``holds_key_count``; rule `key-ordering`), the rest of the partition
+  flows to the new owner at once; None under "partition" (the whole partition waits) and where
+  the keys are not known (a flow of another process holds the partition);
 * ``move``: moved at once, with no pause, because its owner is gone or ``max_handoff_time`` is
   0: its unacked messages are redelivered to the new owner from the ack floor;
 * ``unassign``: no flow left for it.
@@ -33,13 +37,15 @@ class Change:
 
 def plan_rebalance(core: dict, *, owner_running: bool, rebalance_delay: float,
                    max_handoff_time: float, index: list[int], unacked: dict[int, int],
-                   depth: dict[int, int], consumers: int | None = None,
+                   depth: dict[int, int], inflight_keys: dict[int, tuple[list[str], int]]
+                   | None = None, consumers: int | None = None,
                    add: list[str] | tuple[str, ...] = (),
                    remove: list[str] | tuple[str, ...] = ()) -> dict:
     """The plan as a document (see the module docstring). ``core``: the stored core state;
     ``owner_running``: whether a process runs the queue's delivery (if not, every flow is a ghost
     that must rebind within the delay); ``index``: the storage partition of each slot;
-    ``unacked`` / ``depth``: per storage partition."""
+    ``unacked`` / ``depth``: per storage partition; ``inflight_keys``: per storage partition,
+    under ``ordering="key"``, a sample of the keys in flight and how many (None otherwise)."""
     sim = _copy(core, owner_running, rebalance_delay, max_handoff_time)
     before = {f.flow_id: (f.name, sorted(f.partitions), f.bound) for f in sim.flows.values()}
     owners_before = list(sim.owner)
@@ -86,10 +92,14 @@ def plan_rebalance(core: dict, *, owner_running: bool, rebalance_delay: float,
             kind = "unassign"
         else:
             kind = "move"
+        keys = inflight_keys.get(sp) if inflight_keys is not None and kind == "handoff" \
+            else None
         steps.append({"partition": sp, "action": kind, "when": when,
                       "from_flow": src, "from_name": names.get(src) if src else None,
                       "to_flow": dst, "to_name": names.get(dst) if dst else None,
-                      "unacked": unacked.get(sp, 0), "depth": depth.get(sp, 0)})
+                      "unacked": unacked.get(sp, 0), "depth": depth.get(sp, 0),
+                      "holds_keys": None if keys is None else keys[0],
+                      "holds_key_count": None if keys is None else keys[1]})
     steps.sort(key=lambda s: (s["when"] != "now", s["partition"]))
     flows_after = sorted(sim.flows.values(), key=lambda f: f.order)
     after = [{"flow": f.flow_id, "name": f.name, "new": f.flow_id not in before,

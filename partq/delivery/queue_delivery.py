@@ -25,6 +25,7 @@ from partq.core.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliv
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_calls import FlowCalls
 from partq.delivery.flow_state import FlowState
+from partq.delivery.held_view import held_slot
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.key_handoff import early_slots, give_back, keeps_inflight
 from partq.delivery.layout import delivery_layout, describe_mode
@@ -374,11 +375,9 @@ class QueueDelivery(FlowCalls):
         slots = []
         for slot in view.slots:
             ps = self.part(slot.partition)
-            keyed = ps.keyed if ps is not None else None
-            if keyed is not None and keyed.pending:
-                slot = dataclasses.replace(slot, held_keys=len(keyed.held) + sum(
-                    1 for e in keyed.pending.values() if e[0] is None),
-                    held_messages=len(keyed.pending))
+            if ps is not None and not ps.remote_held:
+                slot = held_slot(slot, ps, self.slot_of[ps.sp], self.core, self.flows,
+                                 self.parts, now)
             slots.append(slot)
         return dataclasses.replace(view, delayed=self.delayed(now), slots=slots)
 

@@ -67,6 +67,9 @@ class SlotView:
     error: str | None
     held_keys: int = 0          # ordering="key": keys held back now (rule `key-ordering`)
     held_messages: int = 0      # ... and the messages they hold back
+    held_for: list[str] = dataclasses.field(default_factory=list)   # why (``held_view``)
+    inflight_keys: list[str] = dataclasses.field(default_factory=list)  # a sample, and
+    inflight_key_count: int = -1                      # how many in all (-1: not known here)
 
 
 @dataclass(frozen=True)

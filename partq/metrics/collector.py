@@ -198,7 +198,8 @@ class BrokerCollector(Collector):
         status = g("partq_partition_status", "1 for the partition's status (rule `partition-status`)",
                    (*labels, "status"))
         held_keys = g("partq_held_keys", "Keys of the partition held back now (ordering=\"key\": "
-                      "a nack, its delay, an online scaling's cut-over)", labels)
+                      "a nack, its delay, a handoff's draining keys, an online scaling's "
+                      "cut-over)", labels)
         held = g("partq_held_messages", "Messages the partition's held keys hold back now",
                  labels)
         for p in st.partitions:

@@ -29,3 +29,13 @@ def jsonable(value):
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def held_text(p) -> str | None:
+    """What holds a partition's messages back (a ``PartitionStatus``; rule `key-ordering`), as
+    "2 keys, 5 messages (handoff, delay)"; None when nothing is held."""
+    if not (p.held_keys or p.held_messages or p.held_for):
+        return None
+    text = f"{p.held_keys} key{'s' if p.held_keys != 1 else ''}, {p.held_messages} " \
+           f"message{'s' if p.held_messages != 1 else ''}"
+    return text + (f" ({', '.join(p.held_for)})" if p.held_for else "")

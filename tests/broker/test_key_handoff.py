@@ -40,7 +40,9 @@ def setup(broker, clock, ordering: str):
     clock.advance(DELAY)
     broker.tick()
     st = broker.queue_status("q")
-    assert st.rebalance_status == "Rebalancing" and st.partitions[1].flow == c1.flow_id
+    # under "key" the partition shows its new flow at once (``held_view``)
+    assert st.rebalance_status == "Rebalancing" and st.partitions[1].flow == \
+        (c2 if ordering == "key" else c1).flow_id
     return c1, c2, bs
 
 
@@ -126,3 +128,59 @@ def test_source_leaving_a_key_handoff_gives_its_messages_to_the_target(broker, c
     assert [m.redelivered for m in got if m.partition == 1] == [True, True, False]
     c2.ack_many(early + got)
     assert broker.queue_status("q").depth == 0
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_status_shows_who_takes_the_partition_and_what_waits(broker, clock, ordering):
+    """Under "key" the moving partition shows its new flow, Ready, holding the draining key B for
+    the handoff; under "partition" it shows Paused at its old flow."""
+    c1, c2, bs = setup(broker, clock, ordering)
+    p1 = broker.queue_status("q").partitions[1]
+    if ordering == "partition":
+        assert (p1.status, p1.flow, p1.held_keys, p1.held_for) == ("Paused", c1.flow_id, 0, [])
+        return
+    assert (p1.status, p1.flow, p1.flow_name) == ("Ready", c2.flow_id, "consumer-2")
+    assert (p1.held_keys, p1.held_for) == (1, ["handoff"])
+    assert payloads(c2.receive(100)) == [b"C1", b"C2"]
+    p1 = broker.queue_status("q").partitions[1]
+    assert (p1.held_keys, p1.held_messages) == (1, 1)      # B3 waits for B1, B2
+    c1.ack_many(bs)
+    p1 = broker.queue_status("q").partitions[1]
+    assert (p1.flow, p1.held_for) == (c2.flow_id, [])
+
+
+def test_a_nack_delay_shows_as_what_holds_its_key(broker, clock):
+    broker.create_queue("q", partitions=2, ordering="key")
+    c1 = broker.bind("q")
+    for payload, key in ((b"B1", KEY_B), (b"B2", KEY_B), (b"C1", KEY_C)):
+        broker.publish("q", payload, key=key)
+    got = c1.receive(100)
+    c1.nack(got[0], delay=30)                       # B1 and B2 wait; C1 stays with consumer 1
+    p1 = broker.queue_status("q").partitions[1]
+    assert (p1.held_for, p1.held_keys, p1.held_messages) == (["delay"], 1, 2)
+    clock.advance(31)
+    p1 = broker.queue_status("q").partitions[1]
+    assert p1.held_for == [] and p1.held_keys == 1          # due: waiting for a receive
+    again = c1.receive(100)
+    assert payloads(again) == [b"B1", b"B2"]
+    c1.ack_many(got[2:] + again)
+    assert broker.queue_status("q").partitions[1].held_keys == 0
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_the_rebalance_dry_run_names_the_keys_a_handoff_would_hold(broker, clock, ordering):
+    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, max_handoff_time=HANDOFF,
+                        ordering=ordering)
+    c1 = broker.bind("q", name="consumer-1")
+    for payload, key in ((b"B1", KEY_B), (b"C1", KEY_C), (b"B2", KEY_B)):
+        broker.publish("q", payload, key=key)
+    held = c1.receive(100)
+    assert len(held) == 3
+    plan = broker.rebalance_plan("q", add=["consumer-2"])
+    [step] = [s for s in plan["steps"] if s["action"] == "handoff"]
+    assert step["partition"] == 1 and step["unacked"] == 3
+    if ordering == "partition":
+        assert step["holds_keys"] is None               # the whole partition pauses
+    else:
+        assert step["holds_keys"] == sorted([KEY_B, KEY_C]) and step["holds_key_count"] == 2
+    c1.ack_many(held)

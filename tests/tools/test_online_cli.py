@@ -47,3 +47,23 @@ def test_rebalance_dry_run_text_and_json(run, broker):
     user_error(run("rebalance", "orders", "--dry-run", "--remove", "zz"), "no bound flow")
     result = run("rebalance", "orders")
     assert result.exit_code == 2 and "--dry-run" in result.output
+
+
+def test_queue_show_and_the_dry_run_say_what_waits_under_key_ordering(run, broker):
+    ok(run("queue", "create", "orders", "-p", "2", "--ordering", "key", "--rebalance-delay", "5"))
+    keys = [k for k in (f"k{i}" for i in range(40)) if key_partition(k, 2) == 1][:3]
+    flow = broker.bind("orders", name="a")
+    broker.publish_many("orders", [(b"m", k) for k in keys] + [(b"again", keys[0])])
+    got = flow.receive(100)
+    assert len(got) == 4
+    flow.nack(got[0], delay=60)                      # keys[0] waits; the others stay in flight
+    shown = json.loads(ok(run("queue", "show", "orders", "--json")).stdout)["status"]
+    p1 = shown["partitions"][1]
+    assert (p1["held_keys"], p1["held_messages"], p1["held_for"]) == (1, 2, ["delay"])
+    text = ok(run("queue", "show", "orders")).stdout
+    assert "HELD" in text and "1 key, 2 messages (delay)" in text
+    plan = json.loads(ok(run("rebalance", "orders", "--dry-run", "--add", "b", "--json")).stdout)
+    [step] = [s for s in plan["steps"] if s["action"] == "handoff"]
+    assert step["partition"] == 1 and step["holds_keys"] == sorted(keys[1:]) and step["holds_key_count"] == 2
+    text = ok(run("rebalance", "orders", "--dry-run", "--add", "b")).stdout
+    assert f"only its 2 key(s) in flight wait: {', '.join(sorted(keys[1:]))}" in text

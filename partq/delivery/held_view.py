@@ -1,0 +1,64 @@
+"""What holds a partition's messages back now, as ``queue_status`` shows it (rule
+`key-ordering`): per partition the keys and messages held, and why.
+
+Reasons (``SlotView.held_for``):
+* ``"delay"``: a nack's delay: the partition waits (``ordering="partition"``), or under "key" the
+  nacked message's key waits;
+* ``"handoff"``: under "key", a handoff whose new flow takes from the partition already: the
+  partition shows that flow, Ready, and the keys its old flow still holds unacked (the draining
+  keys) are held until acked or ``max_handoff_time``. (Under "partition" a handoff shows as the
+  partition's status, Paused.)
+* ``"cut-over"``: an online scaling's cut-over: a moved key's messages wait until its old
+  partition drained.
+
+Under "key" a partition also carries the keys in flight on it (``inflight_keys``, at most
+``KEY_SAMPLE`` of them, and ``inflight_key_count``): the keys a handoff of it would hold, which
+the rebalance dry-run names. Only this process's flows are seen; a partition a flow of another
+process holds shows nothing held, and its keys in flight as not known (count -1).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from partq.delivery.key_handoff import early_slots
+from partq.delivery.saved_state import SlotView
+from partq.states import PartitionState
+
+KEY_SAMPLE = 20
+
+
+def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
+              now: float) -> SlotView:
+    """``view`` (a slot of ``QueueDelivery.view``) with what holds messages back on cursor
+    ``ps`` (``slot`` in ``core``) now, and the keys in flight on it."""
+    reasons: list[str] = []
+    keys: set[str] = set()
+    unkeyed = messages = 0
+    if ps.wait_until > now:
+        reasons.append("delay")
+    keyed = ps.keyed
+    if keyed is not None:
+        for key, _suspect, not_before in keyed.pending.values():
+            if key is not None:
+                keys.add(key)
+            else:
+                unkeyed += 1
+            if not_before > now and "delay" not in reasons:
+                reasons.append("delay")
+        messages = len(keyed.pending)
+        h = core.handoffs.get(slot)
+        if h is not None and (slot, h.source) in early_slots(core, flows, parts, h.target):
+            keys |= {k for s, f in ps.inflight.items()
+                     if f == h.source and (k := keyed.keys.get(s)) is not None}
+            reasons.append("handoff")
+            target = flows.get(h.target)
+            view = dataclasses.replace(view, status=PartitionState.READY, flow=h.target,
+                                       flow_name=target.name if target is not None else None)
+    if ps.held_by is not None:
+        reasons.append("cut-over")
+    if keyed is None:
+        return dataclasses.replace(view, held_for=reasons)
+    inflight = sorted({k for s in ps.inflight if (k := keyed.keys.get(s)) is not None})
+    return dataclasses.replace(view, held_keys=len(keys) + unkeyed, held_messages=messages,
+                               held_for=reasons, inflight_keys=inflight[:KEY_SAMPLE],
+                               inflight_key_count=len(inflight))
