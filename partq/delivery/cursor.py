@@ -269,13 +269,13 @@ class Cursor:
         old, self.ack.delivered_mark = self.ack.delivered_mark, mark
         return old, mark
 
-    def rewind(self) -> None:
+    def rewind(self, now: float) -> None:
         """Deliver again from the ack floor: what was delivered and not acked goes out again,
-        in order, marked redelivered."""
+        in order, marked redelivered (under "key", after what is left of a nack's delay)."""
         self.redeliver_upto = max(self.redeliver_upto, self.high)
         self.next = self.ack.floor
         if self.keyed is not None:
-            self.keyed.clear()
+            self.keyed.clear(now)
 
     def take_acks(self, ack) -> list[str]:
         """Acks were written outside delivery (``outside``): take the durable ack state

@@ -223,7 +223,7 @@ class QueueDelivery(FlowCalls):
                     if source is not None and source.remote is not None:
                         source.reported.pop(a.p, None)  # its counts from before the pause
                 elif isinstance(a, Redeliver):
-                    self._redeliver(a.p)
+                    self._redeliver(a.p, now)
                 elif isinstance(a, Assign):
                     for state in self.flows.values():
                         state.reported.pop(a.p, None)
@@ -329,7 +329,7 @@ class QueueDelivery(FlowCalls):
                 flow.inflight -= 1
         ps.inflight.clear()
 
-    def _redeliver(self, p: int) -> None:
+    def _redeliver(self, p: int, now: float) -> None:
         if crashpoints.ENABLED:
             crashpoints.hit("during_handoff")
         ps = self.parts[p]
@@ -338,7 +338,7 @@ class QueueDelivery(FlowCalls):
             give_back(ps, owner, self.flows)    # type: ignore[arg-type]
             return
         self._forget_inflight(ps)
-        ps.rewind()
+        ps.rewind(now)
 
     def _fenced(self, reader, slot: int) -> bool:
         """Whether snapshot ``reader`` already holds ``slot``'s assignment as this runtime has it

@@ -184,3 +184,30 @@ def test_the_rebalance_dry_run_names_the_keys_a_handoff_would_hold(broker, clock
     else:
         assert step["holds_keys"] == sorted([KEY_B, KEY_C]) and step["holds_key_count"] == 2
     c1.ack_many(held)
+
+
+def test_a_keys_nack_delay_holds_after_its_partition_moved(broker, clock):
+    """A nack's delay under "key" is not lost when the partition moves to another flow (read
+    again from its ack floor): the new flow gets the message after what is left of the delay,
+    the key's later messages after it, and the other keys at once."""
+    broker.create_queue("q", partitions=2, rebalance_delay=DELAY, ordering="key")
+    c1 = broker.bind("q", name="consumer-1")
+    for payload, key in ((b"B1", KEY_B), (b"B2", KEY_B), (b"C1", KEY_C)):
+        broker.publish("q", payload, key=key)
+    got = c1.receive(100)
+    assert payloads(got) == [b"B1", b"B2", b"C1"]
+    c1.nack(got[0], delay=30)                       # B1, B2 wait 30 s
+    c2 = broker.bind("q", name="consumer-2")
+    c1.unbind()                                      # C1 comes back; partition 1 moves to c2
+    clock.advance(DELAY)
+    broker.tick()
+    assert 1 in c2.partitions
+    first = c2.receive(100)
+    assert payloads(first) == [b"C1"]
+    clock.advance(30 - DELAY)
+    broker.tick()
+    later = c2.receive(100)
+    assert payloads(later) == [b"B1", b"B2"] and all(m.redelivered for m in later)
+    assert [m.delivery_count for m in later] == [2, 1]
+    c2.ack_many(first + later)
+    assert broker.queue_status("q").depth == 0
