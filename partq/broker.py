@@ -488,8 +488,7 @@ class Broker:
         those no process delivers (rule `expiry`: a queue nobody consumes does not keep them);
         returns how many. A process with a ticker does it every 30 s by itself."""
         self._check_writable()
-        configs = [(c, True) if self.dispatcher.owns(c.name) else (c, False)
-                   for c in self.queues()
+        configs = [(c, self.dispatcher.owner_guard(c.name)) for c in self.queues()
                    if self.dispatcher.owns(c.name) or queue_holder(self.path, c.qid) is None]
         return expiry.sweep(self._store, configs, self.clock.wall_ns())
 

@@ -52,6 +52,9 @@ class QueueStatus:
     partitions: list[PartitionStatus] = field(default_factory=list)
     flows: list[FlowStatus] = field(default_factory=list)
     delivery_owner: str | None = None   # "pid N on HOST" when a process runs delivery
+    # seconds since that process last renewed its delivery lease (rule `owner-takeover`: past
+    # the queue's consumer_timeout another process may take delivery over)
+    delivery_owner_beat_age: float | None = None
     access_type: str = "non-exclusive"  # "exclusive": non-partitioned, the parent queue delivers
     parent_depth: int = 0       # unacked messages in the parent queue's log (on a partitioned
                                 # queue: left behind by a change of access type; copy them out)

@@ -8,6 +8,7 @@ from partq.config import QueueConfig
 from partq.delivery.dead_letter import dead_counts
 from partq.delivery.holds import hold_report, read_cutover
 from partq.delivery.layout import delivery_layout
+from partq.delivery.lock import beat_age, lock_path
 from partq.delivery.peers.owner_channel import silent_owner_warning
 from partq.delivery.saved_state import DeliveryView, SlotView, decode_state, stored_view
 from partq.publish.publisher import discarded_count
@@ -22,9 +23,13 @@ def with_owner_warning(st: QueueStatus, store_path: str, qid: int,
                        not_answered: bool) -> QueueStatus:
     """``st``, warning when a process holds the queue's delivery lock but ``not_answered`` (no
     live view came from it): a stopped owner stalls every consumer of other processes."""
-    if not not_answered or st.delivery_owner is None:
+    owner = st.delivery_owner
+    if owner is None:
         return st
-    warning = silent_owner_warning(store_path, qid, st.delivery_owner)
+    st = dataclasses.replace(st, delivery_owner_beat_age=beat_age(lock_path(store_path, qid)))
+    if not not_answered:
+        return st
+    warning = silent_owner_warning(store_path, qid, owner)
     return st if warning is None else dataclasses.replace(st, warnings=[*st.warnings, warning])
 
 

@@ -165,7 +165,9 @@ def show(app: App, name: str, out: Output) -> None:
                    else "HELD (at least)"],
                   [[o["partition"], o["cut_seq"], o["remaining"], o["held"]]
                    for o in c["old_partitions"]], indent="    ")
-    out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}")
+    beat = "" if st.delivery_owner_beat_age is None else \
+        f" (lease renewed {st.delivery_owner_beat_age:.1f} s ago)"
+    out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}{beat}")
     _show_lifecycle(out, st)
     out.echo()
     errors = any(p.error for p in st.partitions)

@@ -28,17 +28,25 @@ import uuid
 from collections.abc import Callable
 
 from partq.config import DEFAULT_CONSUMER_TIMEOUT, QueueConfig
+from partq.delivery import owner
 from partq.delivery.flow_service import FlowService
 from partq.delivery.flow_state import FlowState
 from partq.delivery.local_endpoint import LocalEndpoint
-from partq.delivery.lock import DeliveryLock
+from partq.delivery.lock import DeliveryLock, lease_for
 from partq.delivery.peers.link import REQUEST_TIMEOUT
 from partq.delivery.peers.owner_channel import ControlServer, query_view
 from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
 from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
-from partq.errors import DeliveryLocked, InvalidConfig, OwnerLost, PartqError, queue_not_found
+from partq.errors import (
+    DeliveryLocked,
+    FlowClosed,
+    InvalidConfig,
+    OwnerLost,
+    PartqError,
+    queue_not_found,
+)
 from partq.flow import FlowEndpoint
 from partq.pending import WriteHandle
 
@@ -123,10 +131,10 @@ class Dispatcher(FlowService):
             with self.store.read() as r:      # a change stored since the last tick comes first
                 ops = qd.config_ops(r, now)
             if state.name is not None and qd.core.find_bound(state.name) is not None:
-                self._submit(ops)
+                self._submit(ops, qd)
                 raise InvalidConfig(f"a flow named {state.name!r} is already bound to "
                                     f"{queue!r}; unbind it first or pick another name")
-            fut = self._submit(ops + qd.bind(state, hint, now))
+            fut = self._submit(ops + qd.bind(state, hint, now), qd)
         self._commit_and_notify(fut)
         return qd
 
@@ -173,19 +181,46 @@ class Dispatcher(FlowService):
             if raw is None:
                 raise queue_not_found(queue, r.queues())
         config = QueueConfig.from_dict(raw)
-        lock = DeliveryLock(self.store.path, config.qid, queue)
+        lock = DeliveryLock(self.store.path, config.qid, queue, lease=lease_for(config.consumer_timeout))
         try:
             with self.store.read() as r:
                 qd = QueueDelivery(config, r, self.clock.now(), self.tally, self.clock.wall_ns())
-            server = ControlServer(self, self.store.path, queue, config.qid)
+            server = ControlServer(self, self.store.path, queue, config.qid, beat=lock.touch)
         except BaseException:
             lock.release()
             raise
+        qd.owner_token = owner.new_token()      # before any other write of its delivery
+        claimed = self.store.submit(owner.claim(config.qid, qd.owner_token))
+        claimed.add_done_callback(lambda: setattr(qd, "claimed", True))
         self._locks[queue] = lock
         self._runtimes[queue] = qd
         self._servers[queue] = server
         log.info("this process (pid %d) runs delivery of queue %r", os.getpid(), queue)
         return qd
+
+    def step_down(self, queue: str) -> None:
+        """Another process took the delivery of ``queue`` over while this one was stopped
+        (``owner``): stop delivering it here. This process's flows of it are closed (their
+        next call raises ``FlowClosed``: bind again); flows of other processes lose their
+        connection and follow the new owner."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            if qd is None or not qd.fenced:
+                return
+            del self._runtimes[queue]
+            reason = str(owner.lost(queue))
+            for state in list(qd.flows.values()):
+                if state.remote is None:
+                    state.close(reason)
+            lock = self._locks.pop(queue, None)
+            server = self._servers.pop(queue, None)
+        log.warning("queue %r: another process took its delivery over while this one (pid %d) "
+                    "was stopped; its flows here are closed", queue, os.getpid())
+        if server is not None:
+            server.stop()
+        if lock is not None:
+            lock.release()
+        self.notify()
 
     # ------------------------------------------------------------------ flows of other processes
     def bind_peer(self, queue: str, name: str | None, hint: list[int] | None,
@@ -206,7 +241,7 @@ class Dispatcher(FlowService):
             if qd is None or state is None:
                 return
             state.close("unbound")
-            fut = self._submit(qd.unbind(state, self.clock.now()))
+            fut = self._submit(qd.unbind(state, self.clock.now()), qd)
         log.info("flow %s of %s left queue %r", state.name or flow_id, state.client, queue)
         self._commit_and_notify(fut)
 
@@ -219,7 +254,7 @@ class Dispatcher(FlowService):
             state = qd.flows.get(flow_id) if qd is not None else None
             if qd is None or state is None:
                 return
-            fut = self._submit(qd.report(state, counts, self.clock.now(), paused))
+            fut = self._submit(qd.report(state, counts, self.clock.now(), paused), qd)
         self._commit_and_notify(fut)
 
     def consumer_timeout(self, queue: str) -> float:
@@ -237,6 +272,13 @@ class Dispatcher(FlowService):
     def owns(self, queue: str) -> bool:
         with self._lock:
             return queue in self._runtimes
+
+    def owner_guard(self, queue: str) -> Callable | None:
+        """The first operation of a write for ``queue``'s delivery made outside the flows'
+        calls (``owner.guard``); None when this process does not deliver it."""
+        with self._lock:
+            qd = self._runtimes.get(queue)
+            return None if qd is None else owner.guard(qd)
 
     def view(self, queue: str) -> DeliveryView | None:
         """The live view of ``queue``'s delivery, when this process runs it; else the owner's,
@@ -275,10 +317,14 @@ class Dispatcher(FlowService):
         return lock
 
     # ------------------------------------------------------------------ writes and wake-ups
-    def _submit(self, ops: list) -> WriteHandle | None:
-        """Queue ``ops`` as one write (call under the lock to keep their order)."""
+    def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
+        """Queue ``ops`` as one write (call under the lock to keep their order); ``qd``: they
+        are writes of that queue's delivery, refused once another process claimed it
+        (``owner.guard``)."""
         if not ops:
             return None
+        if qd is not None:
+            ops = [owner.guard(qd), *ops]
         if len(ops) == 1:
             return self.store.submit(ops[0])
         return self.store.submit(lambda w: [op(w) for op in ops])
@@ -326,13 +372,37 @@ class Dispatcher(FlowService):
     # ------------------------------------------------------------------ timers
     def tick(self) -> None:
         """Run every rebalance and handoff timer that is due by the clock, and apply queue
-        config changes stored by any process."""
+        config changes stored by any process; step down from queues another process took over
+        (``step_down``)."""
         self.store.check_usable()
         with self._lock:
-            ops = self._due_timer_ops()
-            fut = self._submit(ops)
-        if ops:
-            self._commit_and_notify(fut)
+            futs = self._submit_timers()
+        self._wait_timers(futs)
+        with self._lock:
+            fenced = [name for name, qd in self._runtimes.items() if qd.fenced]
+        for name in fenced:
+            self.step_down(name)
+        if futs:
+            self.notify()
+
+    def _submit_timers(self) -> list[WriteHandle]:
+        """Submit the due timers' writes, one write per queue (so that a queue another process
+        took over fails alone)."""
+        futs = []
+        for qd, ops in self._due_timer_ops():
+            fut = self._submit(ops, qd)
+            if fut is not None:
+                futs.append(fut)
+        return futs
+
+    def _wait_timers(self, futs: list[WriteHandle]) -> None:
+        """Wait for timer writes (never under the lock); a queue this process no longer owns
+        is stepped down from by the next tick."""
+        for fut in futs:
+            try:
+                fut.result()
+            except FlowClosed:
+                pass
 
     def wake_at(self, when: float) -> None:
         """Make receivers look again at ``when`` (``clock.now()``): a nack's delay ends."""
@@ -357,24 +427,30 @@ class Dispatcher(FlowService):
                 return True
             return False
 
-    def _due_timer_ops(self) -> list:
+    def _due_timer_ops(self) -> list[tuple[QueueDelivery, list]]:
+        """The due timers' writes, per queue delivered here."""
         now = self.clock.now()
-        ops: list = []
+        ops: dict[str, list] = {name: [] for name in self._runtimes}
         if self._runtimes:
             version = self.store.version()
             if version != self._config_version:
                 self._config_version = version
                 with self.store.read() as r:
-                    for qd in self._runtimes.values():
-                        ops += qd.config_ops(r, now)
-                        ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
-                        ops += qd.take_outside_acks(r, now)
-        for qd in self._runtimes.values():
+                    for name, qd in self._runtimes.items():
+                        if qd.claimed and not owner.holds(r, qd.qid, qd.owner_token):
+                            qd.fenced = True
+                            continue
+                        ops[name] += qd.config_ops(r, now)
+                        ops[name] += qd.cutover_ops(r)      # acks moved: an online scaling done?
+                        ops[name] += qd.take_outside_acks(r, now)
+        for name, qd in self._runtimes.items():
+            if qd.fenced:
+                continue
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
-                ops += qd.tick(now)
-            ops += qd.unbind_hung(now)
-        return ops
+                ops[name] += qd.tick(now)
+            ops[name] += qd.unbind_hung(now)
+        return [(self._runtimes[name], qops) for name, qops in ops.items() if qops]
 
     def _tick_loop(self) -> None:
         """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since
@@ -405,14 +481,20 @@ class Dispatcher(FlowService):
                 return
             self._settled = True
             now_ns = self.clock.wall_ns()
-            ops = [op for qd in self._runtimes.values() for op in qd.settle_all(self.clock.now(), now_ns)]
-        if not ops:
-            return
-        try:
-            self.store.check_writable()
-            self.store.write(lambda w: [op(w) for op in ops])
-        except PartqError as exc:
-            log.warning("could not settle delivery counts on close: %s", exc)
+            futs = []
+            try:
+                self.store.check_writable()
+                for qd in self._runtimes.values():
+                    fut = self._submit(qd.settle_all(self.clock.now(), now_ns), qd)
+                    if fut is not None:
+                        futs.append(fut)
+            except PartqError as exc:
+                log.warning("could not settle delivery counts on close: %s", exc)
+        for fut in futs:
+            try:
+                fut.result()
+            except PartqError as exc:
+                log.warning("could not settle delivery counts on close: %s", exc)
 
     def close(self, reason: str) -> None:
         """Close every flow with ``reason`` (their state stays stored: consumers that come back

@@ -13,6 +13,8 @@ first, so the head is where they are; a message with a short TTL behind unexpire
 until delivery or the head reaches it (it is never delivered either way)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from partq.config import QueueConfig
 from partq.delivery.dead_letter import DeadMessage, dead_op
 from partq.delivery.outside import count_outside
@@ -54,18 +56,21 @@ def expired_in(r, config: QueueConfig, now_ns: int, delivered: bool,
     return out
 
 
-def sweep(store, configs: list[tuple[QueueConfig, bool]], now_ns: int) -> int:
-    """Kill the expired messages ``expired_in`` finds in ``configs``' queues (each with
-    whether a process delivers it); returns how many. Whoever delivers a queue takes the acks
-    in before its next delivery."""
+def sweep(store, configs: list[tuple[QueueConfig, Callable | None]], now_ns: int) -> int:
+    """Kill the expired messages ``expired_in`` finds in ``configs``' queues; returns how many.
+    With each queue: None when no process delivers it, else the guard of this process's
+    delivery of it (``owner.guard``: the kill is refused once another process took it over).
+    Whoever delivers a queue takes the acks in before its next delivery."""
     killed = 0
-    for config, delivered in configs:
+    for config, guard in configs:
         with store.read() as r:
-            dead = expired_in(r, config, now_ns, delivered)
+            dead = expired_in(r, config, now_ns, guard is not None)
         if not dead:
             continue
 
-        def op(w, config=config, dead=dead) -> None:
+        def op(w, config=config, dead=dead, guard=guard) -> None:
+            if guard is not None:
+                guard(w)
             dead_op(config.name, config.qid, dead, now_ns)(w)
             count_outside(w, config.qid)
         store.write(op)

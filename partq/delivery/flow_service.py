@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from partq.delivery import owner
 from partq.delivery.flow_state import FlowState
 from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.tally import Tally
@@ -29,13 +30,16 @@ class FlowService:
     polls: int
     _lock: threading.RLock
 
-    def _submit(self, ops: list) -> WriteHandle | None:
+    def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
+        raise NotImplementedError
+
+    def _submit_timers(self) -> list[WriteHandle]:
+        raise NotImplementedError
+
+    def _wait_timers(self, futs: list[WriteHandle]) -> None:
         raise NotImplementedError
 
     def _commit_and_notify(self, fut) -> None:
-        raise NotImplementedError
-
-    def _due_timer_ops(self) -> list:
         raise NotImplementedError
 
     def _timer_due(self) -> bool:
@@ -92,16 +96,18 @@ class FlowService:
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
             qd.check_flow(state)
-            timer_fut = self._submit(self._due_timer_ops())
+            timer_futs = self._submit_timers()
             with self.store.read() as r:
+                owner.check(qd, r)       # another process took delivery over: nothing here
                 msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
                                            self.clock.wall_ns())
             seen: dict[int, int] = {}     # marks another process wrote since the read
-            fut = self._submit(qd.collect_ops(handout, seen))
+            fut = self._submit(qd.collect_ops(handout, seen), qd)
         if handout.wake is not None:
             self.wake_at(handout.wake)
-        if timer_fut is not None:
-            self._commit_and_notify(timer_fut)
+        if timer_futs:
+            self._wait_timers(timer_futs)
+            self.notify()
         if fut is not None:
             try:
                 fut.result()
@@ -120,7 +126,7 @@ class FlowService:
         state.poll.touch(self.clock.now())
         with self._lock:
             with self.store.read() as r:
-                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r))
+                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r), qd)
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
         self.notify()     # credit came back; a paused partition may have drained
@@ -131,7 +137,8 @@ class FlowService:
         state.poll.touch(self.clock.now())
         with self._lock:
             with self.store.read() as r:
-                fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r))
+                fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r),
+                                   qd)
         self.notify()
         return fut
 
@@ -140,7 +147,7 @@ class FlowService:
         state.poll.touch(self.clock.now())
         with self._lock:
             ops, back = qd.nack(state, msg, self.clock.now(), delay)
-            fut = self._submit(ops)
+            fut = self._submit(ops, qd)
             wake = qd.next_wake()
         if wake is not None:
             self.wake_at(wake)
@@ -151,7 +158,7 @@ class FlowService:
     def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
         state.poll.touch(self.clock.now())
         with self._lock:
-            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()))
+            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()), qd)
         self._commit_and_notify(fut)
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
@@ -159,7 +166,7 @@ class FlowService:
             if state.closed:
                 return
             state.close("unbound by the application")
-            fut = self._submit(qd.unbind(state, self.clock.now()))
+            fut = self._submit(qd.unbind(state, self.clock.now()), qd)
         log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
         self._commit_and_notify(fut)
 

@@ -59,6 +59,9 @@ class QueueDelivery(FlowCalls):
             remaining = (until - now_ns) / 1e9 if until is not None and now_ns else None
             self.core = Rebalancer.restored(state.core, config.rebalance_delay,
                                             config.max_handoff_time, now, remaining)
+        self.owner_token = b""      # this process's claim in the store (``owner``)
+        self.claimed = False        # ... committed
+        self.fenced = False         # another process claimed the queue since: step down
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self.cutover = read_cutover(reader, self.qid)  # an online scaling not drained yet

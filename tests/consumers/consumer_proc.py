@@ -1,13 +1,15 @@
 """A consumer process for the multi-process tests: binds a flow (served by whichever process owns
 delivery), receives, acks, and logs everything as JSON lines, each line fsynced before it acts.
 
-    python consumer_proc.py DATA QUEUE NAME LOG [--hold N]
+    python consumer_proc.py DATA QUEUE NAME LOG [--hold N] [--rebind]
 
 Events: ``bound`` (pid), ``parts`` (its partition set, whenever it changed), ``delivered``
 (partition, seq, key, payload, redelivered; before it acks), ``acked`` (after ack_many returned),
 ``fenced`` (partition/seq refused with FlowFenced), ``closed``. With ``--hold N`` it keeps the
 first N messages it receives unacked until the file LOG.go exists, then acks them (logging
-``acked`` or ``fenced``), and goes on. SIGTERM ends it cleanly.
+``acked`` or ``fenced``), and goes on. A flow closed under it (``FlowClosed`` from a receive or
+an ack) ends it, or with ``--rebind`` is bound again under the same name (what it held of the
+closed flow is dropped: it was not acked). SIGTERM ends it cleanly.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def main() -> int:
     ap.add_argument("name")
     ap.add_argument("log")
     ap.add_argument("--hold", type=int, default=0)
+    ap.add_argument("--rebind", action="store_true")
     args = ap.parse_args()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -56,7 +59,11 @@ def main() -> int:
             msgs = flow.receive(50, timeout=0.1)
         except partq.FlowClosed as exc:
             log.write(op="closed", reason=str(exc))
-            break
+            if not args.rebind:
+                break
+            flow, held, parts = broker.bind(args.queue, name=args.name), [], None
+            log.write(op="bound", pid=os.getpid())
+            continue
         for m in msgs:
             log.write(op="delivered", partition=m.partition, seq=m.seq, key=m.key,
                       payload=m.payload.decode(), redelivered=m.redelivered)
@@ -77,6 +84,14 @@ def main() -> int:
                 log.write(op="fenced", messages=sorted(fenced))
                 msgs = [m for m in msgs if (m.partition, m.seq) not in fenced]
                 flow.ack_many(msgs)
+            except partq.FlowClosed as exc:
+                log.write(op="closed", reason=str(exc),
+                          messages=sorted((m.partition, m.seq) for m in msgs))
+                if not args.rebind:
+                    break
+                flow, held, parts = broker.bind(args.queue, name=args.name), [], None
+                log.write(op="bound", pid=os.getpid())
+                continue
             for m in msgs:
                 log.write(op="acked", partition=m.partition, seq=m.seq)
     broker.close()

@@ -94,6 +94,10 @@ def test_a_stopped_delivery_owner_is_named_in_the_status(tmp_path):
                 watcher.queue_status("q")), 30, "a warning about the stopped owner")
             [warning] = st.warnings
             assert f"pid {owner.proc.pid}" in warning and "is stopped" in warning, warning
+            # its lease is not renewed (rule `owner-takeover`: the default consumer_timeout is
+            # 10 s, longer than this test stops it)
+            wait_until(lambda: watcher.queue_status("q").delivery_owner_beat_age > 1.0, 30,
+                       "the owner's lease to age")
             shown = subprocess.run([PARTQ, "--data", data, "queue", "show", "q", "--json"],
                                    capture_output=True, text=True, timeout=60)
             assert "is stopped" in json.loads(shown.stdout)["status"]["warnings"][0], shown
@@ -102,6 +106,7 @@ def test_a_stopped_delivery_owner_is_named_in_the_status(tmp_path):
             owner.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: watcher.queue_status("q").warnings == [], 30,
                    "the warning to go once the owner continues")
+        assert watcher.queue_status("q").delivery_owner_beat_age < 1.0
     finally:
         watcher.close()
         owner.close()

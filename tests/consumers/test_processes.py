@@ -23,13 +23,16 @@ KEYS = [f"key-{i}" for i in range(40)]
 
 
 class Consumer:
-    def __init__(self, data: str, tmp, name: str, hold: int = 0, queue: str = "q") -> None:
+    def __init__(self, data: str, tmp, name: str, hold: int = 0, queue: str = "q",
+                 rebind: bool = False) -> None:
         self.name = name
         self.log = str(tmp / f"{name}.jsonl")
         args = [sys.executable, os.path.join(HERE, "consumer_proc.py"), data, queue, name,
                 self.log]
         if hold:
             args += ["--hold", str(hold)]
+        if rebind:
+            args.append("--rebind")
         self.err = open(tmp / f"{name}.err", "wb")
         self.proc = subprocess.Popen(args, stderr=self.err)
 
@@ -154,6 +157,30 @@ def check_deliveries(cs: list[Consumer], published: dict[str, str],
             last[e["key"]] = e["seq"]
 
 
+def split(start, first: tuple[str, dict], second: tuple[str, dict]) -> tuple[Consumer, Consumer]:
+    """Start consumer ``first`` (name, options), which runs delivery and holds all 6 partitions,
+    then ``second``; return both once they split 3/3."""
+    a = start(first[0], **first[1])
+    wait_until(lambda: a.partitions() == list(range(6)), timeout=60,
+               what=f"{a.name} holds all", procs=[a])
+    b = start(second[0], **second[1])
+    wait_until(lambda: b.partitions() and len(b.partitions()) == 3, timeout=60,
+               what="a 3/3 split", procs=[a, b])
+    return a, b
+
+
+def hold_three(data: str, holder: Consumer, other: Consumer) -> tuple[dict[str, str], list]:
+    """Publish 60 messages; once ``holder`` (started with hold=3) holds 3 unacked and acked the
+    rest of what it got, return what was published and the positions it holds. Stopping it then
+    stops it while it writes nothing: a process stopped inside a commit holds LMDB's write lock,
+    and every other process's writes wait for it (see docs/behaviour.md)."""
+    published = publish(data, 60)
+    wait_until(lambda: holder.events("holding") and len(holder.events("delivered")) - 3
+               == len(holder.events("acked")), timeout=60,
+               what=f"{holder.name} holds 3 and acked the rest", procs=[holder, other])
+    return published, [(e["partition"], e["seq"]) for e in holder.events("delivered")][:3]
+
+
 def test_three_processes_split_six_partitions_two_each(consumers):
     data, start = consumers
     create(data)
@@ -256,19 +283,8 @@ def test_a_consumer_stopped_past_the_delay_is_fenced(consumers):
     owner, marked redelivered; the returning consumer is a new member (rule `stale-hint`)."""
     data, start = consumers
     create(data, rebalance_delay=1.0, consumer_timeout=1.0, max_handoff_time=0.2)
-    keeper = start("keeper")
-    wait_until(lambda: keeper.partitions() == list(range(6)), timeout=60, what="keeper holds all",
-               procs=[keeper])
-    sleeper = start("sleeper", hold=3)
-    wait_until(lambda: sleeper.partitions() and len(sleeper.partitions()) == 3, timeout=60,
-               what="a 3/3 split", procs=[keeper, sleeper])
-    published = publish(data, 60)
-    # stopped while it writes nothing: a process stopped inside a commit holds LMDB's write
-    # lock, and every other process's writes wait for it (see docs/behaviour.md)
-    wait_until(lambda: sleeper.events("holding") and len(sleeper.events("delivered")) - 3
-               == len(sleeper.events("acked")), timeout=60,
-               what="sleeper holds 3 and acked the rest", procs=[keeper, sleeper])
-    held = [(e["partition"], e["seq"]) for e in sleeper.events("delivered")][:3]
+    keeper, sleeper = split(start, ("keeper", {}), ("sleeper", {"hold": 3}))
+    published, held = hold_three(data, sleeper, keeper)
     sleeper.proc.send_signal(signal.SIGSTOP)
     wait_until(lambda: keeper.partitions() == list(range(6)), timeout=60,
                what="keeper took sleeper's partitions", procs=[keeper])
@@ -290,3 +306,40 @@ def test_a_consumer_stopped_past_the_delay_is_fenced(consumers):
                what="every message acked", procs=[keeper, sleeper])
     assert status(data).depth == 0
     check_deliveries([keeper, sleeper], published)
+
+
+def test_a_stopped_delivery_owner_is_taken_over_and_steps_down_when_it_runs_again(consumers):
+    """The process that runs the queue's delivery is stopped (SIGSTOP) while it holds messages:
+    once its lease (consumer_timeout) ran out another process takes delivery over, and gets the
+    stopped one's partitions and held messages, marked redelivered (rule `owner-takeover`).
+    After SIGCONT the old owner writes nothing more for the queue: its ack of what it held is
+    refused (FlowClosed: its flow was closed), and it binds again as a consumer of the new
+    owner. Nothing is lost."""
+    data, start = consumers
+    create(data, rebalance_delay=0.5, consumer_timeout=1.0, max_handoff_time=0.2)
+    old, new = split(start, ("old", {"hold": 3, "rebind": True}), ("new", {"rebind": True}))
+    assert status(data).delivery_owner.startswith(f"pid {old.proc.pid} ")
+    published, held_list = hold_three(data, old, new)
+    held = set(held_list)
+    old.proc.send_signal(signal.SIGSTOP)
+    wait_until(lambda: new.partitions() == list(range(6)), timeout=60,
+               what="new took delivery and every partition over", procs=[new])
+    assert status(data).delivery_owner.startswith(f"pid {new.proc.pid} ")
+    published.update(publish(data, 30, start=60))
+    redelivered = lambda: {(e["partition"], e["seq"]) for e in new.events("delivered")
+                           if e["redelivered"]}
+    wait_until(lambda: held <= redelivered() and held <= new.acked(), timeout=60,
+               what="old's held messages redelivered to new and acked", procs=[new])
+    open(old.log + ".go", "w").close()
+    old.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: old.events("closed"), timeout=60, what="old's flow closed",
+               procs=[old, new])
+    assert "took delivery over" in old.events("closed")[0]["reason"]
+    assert not held & old.acked()
+    wait_until(lambda: old.partitions() and len(old.partitions()) == 3, timeout=60,
+               what="old bound again, served by new", procs=[old, new])
+    assert status(data).delivery_owner.startswith(f"pid {new.proc.pid} ")
+    wait_until(lambda: not not_acked([old, new], published), timeout=60,
+               what="every message acked", procs=[old, new])
+    assert status(data).depth == 0
+    check_deliveries([old, new], published)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from partq.delivery.lock import beat_age, lease_for, lock_path
 from partq.delivery.peers.owner_channel import MAX_CONTROL_FRAME, VERSION, UnixAddress, socket_path
 from partq.errors import DeliveryLocked, FrameError, OwnerLost, PartqError
 from partq.wire.error_frames import error_from_frame
@@ -68,6 +69,8 @@ class OwnerLink:
         sock.settimeout(None)
         self.timeout = float(welcome.get("timeout", 10.0))
         self._sock = sock
+        self._lock_path = lock_path(store_path, qid)
+        self._lock_inode = _inode(self._lock_path)
         threading.Thread(target=self._read_loop, name="partq-link-read", daemon=True).start()
         threading.Thread(target=self._send_loop, name="partq-link-send", daemon=True).start()
 
@@ -134,12 +137,24 @@ class OwnerLink:
             try:
                 now = time.monotonic()
                 if now - last_beat >= self.timeout / 4:
+                    if self._owner_gone():
+                        self._sock.shutdown(socket.SHUT_RDWR)   # the read loop calls on_lost
+                        return
                     self.send({"op": "beat"})
                     last_beat = now
                 for frame in self._outbox():
                     self.send(frame)
             except OSError:
                 return
+
+    def _owner_gone(self) -> bool:
+        """Whether the owner this link reaches lost its delivery lock: another process took it
+        (a new lock file), or it stopped renewing its lease (stopped past the queue's
+        consumer_timeout: ``on_lost`` then takes delivery over, ``lock.take_expired``)."""
+        if _inode(self._lock_path) != self._lock_inode:
+            return True
+        age = beat_age(self._lock_path)
+        return age is not None and age > lease_for(self.timeout)
 
     def close(self) -> None:
         """End the connection on purpose (``on_lost`` is not called)."""
@@ -148,3 +163,10 @@ class OwnerLink:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None

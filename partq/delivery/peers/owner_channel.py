@@ -36,6 +36,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from partq.errors import FrameError, PartqError
 from partq.message import FlowChangeUpdate
@@ -88,8 +89,10 @@ def silent_owner_warning(store_path: str, qid: int, owner: str) -> str | None:
         return None
     if process_stopped(owner):
         return (f"the delivery owner ({owner}) is stopped (SIGSTOP, a debugger or a suspended "
-                f"terminal job): consumers in other processes get nothing until it continues "
-                f"(kill -CONT) or exits; statuses shown are those it last stored")
+                f"terminal job): consumers in other processes get nothing from it until it "
+                f"continues (kill -CONT) or exits, or, once its lease is older than the queue's "
+                f"consumer_timeout, one of them takes delivery over; statuses shown are those it "
+                f"last stored")
     return (f"the delivery owner ({owner}) did not answer within 2 s (busy, starting or stopped): "
             f"consumers in other processes wait for it; statuses shown are those it last stored")
 
@@ -214,8 +217,10 @@ class Connection:
 class ControlServer:
     """Serves the flows other processes bind to one queue this process delivers."""
 
-    def __init__(self, dispatcher, store_path: str, queue: str, qid: int) -> None:
+    def __init__(self, dispatcher, store_path: str, queue: str, qid: int,
+                 beat: Callable[[], None] = lambda: None) -> None:
         self.dispatcher = dispatcher
+        self._beat = beat               # renews the delivery lock's lease (``lock``)
         self.queue = queue
         self.path = socket_path(store_path, qid)
         self.stopping = False
@@ -231,6 +236,7 @@ class ControlServer:
         try:
             self._sock.bind(self._address.address)
             os.chmod(self.path, 0o600)
+            self._inode = os.stat(self.path).st_ino
             self._sock.listen(64)
             self._sock.settimeout(ACCEPT_POLL)
         except BaseException:
@@ -266,6 +272,7 @@ class ControlServer:
             self._check_liveness()
 
     def _check_liveness(self) -> None:
+        self._beat()
         timeout = self.dispatcher.consumer_timeout(self.queue)
         now = time.monotonic()
         paused = now - self._last_check > max(PAUSED_AFTER, timeout / 2)
@@ -366,7 +373,8 @@ class ControlServer:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         try:
-            os.unlink(self.path)
+            if os.stat(self.path).st_ino == self._inode:   # not a successor's (``lock``)
+                os.unlink(self.path)
         except OSError:
             pass
         self._address.close()
