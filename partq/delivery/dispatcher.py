@@ -191,7 +191,7 @@ class Dispatcher(FlowService):
             raise
         qd.owner_token = owner.new_token()      # before any other write of its delivery
         claimed = self.store.submit(owner.claim(config.qid, qd.owner_token))
-        claimed.add_done_callback(lambda: setattr(qd, "claimed", True))
+        claimed.add_done_callback(lambda: owner.claimed(qd, claimed))
         self._locks[queue] = lock
         self._runtimes[queue] = qd
         self._servers[queue] = server
@@ -437,7 +437,8 @@ class Dispatcher(FlowService):
                 self._config_version = version
                 with self.store.read() as r:
                     for name, qd in self._runtimes.items():
-                        if qd.claimed and not owner.holds(r, qd.qid, qd.owner_token):
+                        if qd.claimed and qd.claim_error is None \
+                                and not owner.holds(r, qd.qid, qd.owner_token):
                             qd.fenced = True
                             continue
                         ops[name] += qd.config_ops(r, now)

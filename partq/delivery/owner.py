@@ -17,7 +17,7 @@ import os
 import uuid
 from collections.abc import Callable
 
-from partq.errors import FlowClosed
+from partq.errors import FlowClosed, PartqError
 
 OWNER = b"owner"            # queue meta: the token of the process that runs its delivery
 
@@ -29,6 +29,26 @@ def new_token() -> bytes:
 def claim(qid: int, token: bytes) -> Callable:
     """The write that makes ``token`` the queue's delivery owner."""
     return lambda w: w.put_queue_meta(qid, OWNER, token)
+
+
+def claimed(qd, pending) -> None:
+    """``qd``'s claim (the write ``pending``) is resolved: a claim the store refused (a
+    superseded primary, a failing disk) is kept as the error every write of its delivery then
+    raises; another process's claim is not this one's to step down for."""
+    try:
+        pending.result()
+    except PartqError as exc:
+        qd.claim_error = exc
+    qd.claimed = True
+
+
+def _refused(qd) -> PartqError:
+    """Why a write of ``qd``'s delivery is refused: its own claim failed, or another process
+    claimed the queue since (then ``qd`` is fenced)."""
+    if qd.claim_error is not None:
+        return qd.claim_error
+    qd.fenced = True
+    return lost(qd.name)
 
 
 def holds(r, qid: int, token: bytes) -> bool:
@@ -48,8 +68,7 @@ def guard(qd) -> Callable:
 
     def op(w) -> None:
         if w.queue_meta(qid, OWNER) != token:
-            qd.fenced = True
-            raise lost(qd.name)
+            raise _refused(qd)
     return op
 
 
@@ -57,6 +76,6 @@ def check(qd, reader) -> None:
     """Before a receive hands out messages read in ``reader``: raise ``FlowClosed`` (and mark
     ``qd`` fenced) when another process claimed the queue since this one did."""
     if qd.claimed and not holds(reader, qd.qid, qd.owner_token):
-        qd.fenced = True
+        raise _refused(qd)
     if qd.fenced:
         raise lost(qd.name)

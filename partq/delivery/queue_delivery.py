@@ -60,7 +60,8 @@ class QueueDelivery(FlowCalls):
             self.core = Rebalancer.restored(state.core, config.rebalance_delay,
                                             config.max_handoff_time, now, remaining)
         self.owner_token = b""      # this process's claim in the store (``owner``)
-        self.claimed = False        # ... committed
+        self.claimed = False        # ... resolved
+        self.claim_error: Exception | None = None   # ... refused by the store
         self.fenced = False         # another process claimed the queue since: step down
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot

@@ -292,8 +292,9 @@ class Round:
 
     def _stop_and_continue(self, now: float) -> None:
         """SIGSTOP a consumer process now and then, for up to three times the consumer timeout
-        (past it the owner unbinds its flows; a stopped owner stops everyone's delivery), then
-        SIGCONT it: its held messages' acks are fenced, its flows come back."""
+        (past it the owner unbinds its flows; a stopped owner loses delivery to another
+        process, rule `owner-takeover`), then SIGCONT it: its held messages' acks are fenced
+        (or, an old owner's, refused as its flows were closed), its flows come back."""
         for proc in self.procs:
             if proc.cont_at is not None and now >= proc.cont_at:
                 proc.cont_at = None
