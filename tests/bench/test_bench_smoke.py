@@ -118,3 +118,14 @@ def test_hostile_bench_quick_prints_json_lines(tmp_path):
         assert d["attacked_round"]["errors"] == 0 and d["calm_round"]["errors"] == 0
         assert d["peer_value"] > 0 and d["value"] > 0
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+
+
+def test_takeover_bench_quick_prints_json_lines(tmp_path):
+    env = bench_env(REPO, tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "takeover.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    check_bench_lines(proc.stdout.splitlines(),
+                      {"owner_failover_after_sigkill",
+                       "owner_takeover_after_sigstop_consumer_timeout_1s"}, ratio_from="measured")
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
