@@ -177,10 +177,11 @@ def main(argv=None) -> int:
             t0, w0 = time.monotonic(), time.time()
             try:
                 msgs = flow.receive(rng.randint(1, 64), timeout=0.05)
-            except partq.FlowClosed:
+            except partq.FlowClosed as exc:
                 # unbound by the owner (this process was silent past consumer_timeout, e.g.
-                # SIGSTOPped): bind again under the same name
-                log.write({"op": "unbound", "flow": names[i]})
+                # SIGSTOPped), or this process ran delivery and lost it while it was stopped
+                # (rule `owner-takeover`): bind again under the same name
+                log.write({"op": "unbound", "flow": names[i], "reason": str(exc)[:160]})
                 flows[i] = bind_all(broker, [names[i]], args.queue)[0]
                 continue
             if not msgs:

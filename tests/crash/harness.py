@@ -107,6 +107,8 @@ class Figures:
     killed_by_harness: int = 0
     killed_by_crash_point: int = 0
     stopped: int = 0               # SIGSTOP/SIGCONT of a consumer process
+    owner_takeovers: int = 0       # ... of an owner that lost delivery meanwhile (a receive of
+                                   # it said so when it ran again: a lower bound)
     concurrent_rounds: int = 0     # rounds whose consumer processes delivered side by side
     scalings: int = 0
     scalings_skipped: int = 0      # an online scaling whose predecessor had not drained in time
@@ -393,7 +395,11 @@ class Round:
                                   f"{f.read().decode(errors='replace')[-3000:]}")
         drain_events = checker.read_log(drain_log)
         self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
-        report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread),
+        logs = checker.load_dir(self.logs)
+        self.fig.owner_takeovers += sum(
+            1 for events in logs for e in events
+            if e.get("op") == "unbound" and "took delivery over" in e.get("reason", ""))
+        report = checker.check(logs, concurrent=bool(self.spread),
                                lifecycle={"max_redelivery": lifecycle.MAX_REDELIVERY}
                                if self.lifecycle else None, ordering=self.ordering)
         report["drained"] = next(e for e in drain_events if e["op"] == "drained")
