@@ -481,19 +481,20 @@ class Dispatcher(FlowService):
             if self._settled:
                 return
             self._settled = True
-            now_ns = self.clock.wall_ns()
+            now, now_ns = self.clock.now(), self.clock.wall_ns()
+            writes = [(qd, ops) for qd in self._runtimes.values()
+                      if (ops := qd.settle_all(now, now_ns))]
             futs = []
             try:
-                self.store.check_writable()
-                for qd in self._runtimes.values():
-                    fut = self._submit(qd.settle_all(self.clock.now(), now_ns), qd)
-                    if fut is not None:
-                        futs.append(fut)
+                if writes:
+                    self.store.check_writable()
+                futs = [self._submit(ops, qd) for qd, ops in writes]
             except PartqError as exc:
                 log.warning("could not settle delivery counts on close: %s", exc)
         for fut in futs:
             try:
-                fut.result()
+                if fut is not None:
+                    fut.result()
             except PartqError as exc:
                 log.warning("could not settle delivery counts on close: %s", exc)
 

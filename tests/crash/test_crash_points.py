@@ -1,5 +1,5 @@
-"""The crash-point sweep (rule `crash-recovery`): every crash point, N = 1..20 (fewer where the workload
-passes the point fewer times, ``PASSES``) and some N further along the
+"""The crash-point sweep (rule `crash-recovery`): every crash point, N = 1..12 (fewer where the workload
+passes the point fewer times, ``PASSES``) and N spread over the rest of the
 workload (``FURTHER``), a worker killed by ``PARTQ_CRASH_AT=point:N``, then a fresh
 process reopens, drains, and the checker runs on both logs.
 
@@ -27,16 +27,17 @@ import pytest
 from partq.storage.crashpoints import POINTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Beyond N=20, spread over the rest of the workload (about 190 commits, 30-65 passes of the
+# Beyond N=12, spread over the rest of the workload (about 190 commits, 30-65 passes of the
 # other points when this was written; an N the workload does not reach must finish normally).
 FURTHER = {
-    "before_commit": range(24, 200, 8), "after_commit_before_return": range(24, 200, 8),
-    "mid_batch": (24, 28, 32), "at_ack": (25, 30, 35, 40, 45), "during_truncation": (25, 35, 45, 55, 65),
-    "during_handoff": (24, 30, 36, 42, 46), "during_scaling": (21, 22),
+    "before_commit": range(14, 200, 9), "after_commit_before_return": range(14, 200, 9),
+    "mid_batch": (14, 18, 24, 28, 32), "at_ack": (14, 18, 25, 30, 35, 40, 45),
+    "during_truncation": (14, 18, 25, 35, 45, 55, 65),
+    "during_handoff": (14, 18, 24, 30, 36, 42, 46), "during_scaling": (14, 17, 20, 21, 22),
 }
-# A point the workload passes fewer than 20 times: after_cutover, once per online scale-up and
+# A point the workload passes fewer than 12 times: after_cutover, once per online scale-up and
 # twice per online scale-down (four scalings).
-PASSES = {p: 20 for p in POINTS} | {"after_cutover": 6}
+PASSES = {p: 12 for p in POINTS} | {"after_cutover": 6}
 CASES = [(p, n) for p in POINTS for n in range(1, PASSES[p] + 1)] + \
         [(p, n) for p in POINTS for n in FURTHER.get(p, ())]
 @pytest.fixture(scope="module")

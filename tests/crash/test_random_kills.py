@@ -48,7 +48,7 @@ def _run(tmp_path, rounds: int, seconds: float):
 
 
 def test_random_kills_quick(tmp_path):
-    fig = _run(tmp_path, rounds=6, seconds=7.0)
+    fig = _run(tmp_path, rounds=6, seconds=5.5)
     assert fig.killed >= 150, fig.as_dict()
     assert fig.published > 0 and fig.acked > 0
     if LIFECYCLE_EVERY and LIFECYCLE_EVERY <= 6:

@@ -10,10 +10,12 @@ WORKDIR receives ``log`` (``idx queue partition seq`` per message, written after
 returned), ``progress.json`` (messages published so far), ``status.json`` (the primary's
 ``replication_status()`` every 50 ms) and, once everything is published and the queue has
 settled (no consumer runs, rebalancing Ready), ``done.json``. Then it idles, still serving the
-standby, until SIGTERM.
+standby, until SIGTERM; a commit it makes after ``done.json`` that the standby must copy is
+written to ``late.json`` (its LSN and what it changed: kind and queue or key of each change).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -26,9 +28,33 @@ from helpers import wait_until
 from repl_helpers import key, payload, write_json
 
 import partq
+from partq.storage.writer import decode_change
 
 BATCH = 500
 SINGLES = 25
+
+
+def watch_late_writes(broker, head: int, path: str) -> None:
+    """From now on, write what each replicated commit past LSN ``head`` changed to ``path``."""
+    seen = [head]
+
+    def look(_appended: int) -> None:
+        with broker.store.read() as r:
+            entries = r.changes_after(seen[0], 100, 1 << 20)
+        if not entries:
+            return
+        late = []
+        for raw in entries:
+            lsn, _t, _m, changes = decode_change(raw)
+            seen[0] = max(seen[0], lsn)
+            late.append({"lsn": lsn, "changes": [[c[0], *(repr(x)[:40] for x in c[1:3])]
+                                                 for c in changes]})
+        old = []
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+        write_json(path, old + late)
+    broker.store.on_commit(look)
 
 
 def main() -> int:
@@ -138,6 +164,7 @@ def main() -> int:
     wait_until(settled, 20, "the queue to settle, every partition Ready and no more commits",
                interval=2.0)
     st = broker.replication_status()
+    watch_late_writes(broker, st.head_lsn, os.path.join(workdir, "late.json"))
     write_json(os.path.join(workdir, "done.json"),
                {"published": idx, "acked": acked[0], "head_lsn": st.head_lsn,
                 "rebalance_status": broker.queue_status("orders").rebalance_status,
