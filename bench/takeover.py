@@ -15,6 +15,12 @@ no takeover then (its claim is a write). The owner is stopped while quiet to mea
 takeover; a pair whose publishes still stall for 20 s is counted (``stalled``), the owner
 continued, and the pair left out.
 
+Then what that costs a publisher: one consumer process receives and acks all the time while this
+script publishes one message at a time; the consumer is stopped for ``STOP`` seconds, then
+continued. Reported: the longest publish while it was stopped (the worst of ``--stops`` stops),
+beside the longest publish of an equal window while nobody was stopped, and how many stops
+caught it inside a commit (every publish then waits for the SIGCONT).
+
     .venv/bin/python bench/takeover.py [--quick] [--pairs N] [--consumer-timeout S]
 """
 from __future__ import annotations
@@ -36,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import partq
 
 PARTITIONS = 6
+STOP = 4.0          # seconds a consumer process is stopped in the publisher-stall measure
 CONSUMER = r"""
 import json, os, sys, time, partq
 data, name, out = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -138,11 +145,44 @@ def one(root: str, how: int, consumer_timeout: float) -> float | None:
             proc.wait()
 
 
+def publisher_stall(root: str, stop: float) -> tuple[float, float]:
+    """(longest publish during ``stop`` s with no process stopped, longest publish while the
+    consumer process is stopped for ``stop`` s)."""
+    data = os.path.join(root, "data")
+    with partq.Broker.open(data) as admin:
+        admin.create_queue("q", partitions=PARTITIONS)
+    log = os.path.join(root, "c.jsonl")
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER, data, "c", log])
+    broker = partq.Broker.open(data)
+    try:
+        def window(seconds: float) -> float:
+            worst, end, i = 0.0, time.monotonic() + seconds, 0
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                broker.publish("q", b"x", key=f"k{i}")
+                worst, i = max(worst, time.monotonic() - t0), i + 1
+            return worst
+        wait_for(lambda: (window(0.05), lines(log))[1], 60, "the consumer to consume")
+        calm = window(stop)
+        proc.send_signal(signal.SIGSTOP)
+        cont = threading.Timer(stop, proc.send_signal, (signal.SIGCONT,))
+        cont.start()
+        stopped = window(stop)
+        cont.join()
+        return calm, stopped
+    finally:
+        broker.close()
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one pair, consumer_timeout 1 s")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--consumer-timeout", type=float, default=2.0)
+    ap.add_argument("--stops", type=int, default=3)
     args = ap.parse_args()
     pairs, timeout = (1, 1.0) if args.quick else (args.pairs, args.consumer_timeout)
     results: dict[int, list[float]] = {signal.SIGSTOP: [], signal.SIGKILL: []}
@@ -170,6 +210,25 @@ def main() -> int:
         "max": round(max(results[signal.SIGSTOP]), 3), "pairs": pairs, "stalled": stalled,
         "peer": "owner_failover_after_sigkill", "peer_value": round(kill, 3),
         "ratio": round(stop / kill, 3) if kill else None}), flush=True)
+    stops, seconds = (1, 1.0) if args.quick else (args.stops, STOP)
+    calm, stalled = [], []
+    for _ in range(stops):
+        root = tempfile.mkdtemp(prefix="partq-stall-")
+        try:
+            a, b = publisher_stall(root, seconds)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        calm.append(a)
+        stalled.append(b)
+    print(json.dumps({"name": f"publish_worst_latency_{seconds:g}s_nobody_stopped", "unit": "s",
+                      "value": round(max(calm), 4), "stops": stops}), flush=True)
+    print(json.dumps({
+        "name": f"publish_worst_latency_consumer_stopped_{seconds:g}s", "unit": "s",
+        "value": round(max(stalled), 4), "stops": stops,
+        "caught_inside_a_commit": sum(1 for s in stalled if s >= 0.9 * seconds),
+        "peer": f"publish_worst_latency_{seconds:g}s_nobody_stopped",
+        "peer_value": round(max(calm), 4),
+        "ratio": round(max(stalled) / max(calm), 3) if max(calm) else None}), flush=True)
     return 0
 
 

@@ -99,12 +99,12 @@ class Dispatcher(FlowService):
         while True:
             with self._lock:
                 peer_queue = self._peer_queues.get(queue)
-            if peer_queue is None:
-                try:
-                    return self.bind_local(queue, name, hint, skip_corrupt)
-                except DeliveryLocked:
-                    peer_queue = self._peer_queue(queue)
             try:
+                if peer_queue is None:
+                    try:
+                        return self.bind_local(queue, name, hint, skip_corrupt)
+                    except DeliveryLocked:
+                        peer_queue = self._peer_queue(queue)
                 return peer_queue.bind(name, hint, skip_corrupt)
             except OwnerLost:
                 # the owner died under the bind: this process's failover takes delivery over

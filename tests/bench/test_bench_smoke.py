@@ -127,5 +127,7 @@ def test_takeover_bench_quick_prints_json_lines(tmp_path):
     assert proc.returncode == 0, proc.stderr
     check_bench_lines(proc.stdout.splitlines(),
                       {"owner_failover_after_sigkill",
-                       "owner_takeover_after_sigstop_consumer_timeout_1s"}, ratio_from="measured")
+                       "owner_takeover_after_sigstop_consumer_timeout_1s",
+                       "publish_worst_latency_1s_nobody_stopped",
+                       "publish_worst_latency_consumer_stopped_1s"}, ratio_from="measured")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
+import pytest
 from helpers import wait_until
 
 import partq
+from partq.delivery.peers.link import OwnerLink
+from partq.delivery.peers.owner_channel import socket_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
@@ -110,3 +114,23 @@ def test_a_stopped_delivery_owner_is_named_in_the_status(tmp_path):
     finally:
         watcher.close()
         owner.close()
+
+
+def test_a_dead_owners_socket_is_not_knocked_on_once_its_lock_is_free(tmp_path):
+    """A killed owner's socket closes before the kernel releases its lock, so a process that
+    follows it may find the lock still held, then only a dead socket. Once nobody holds the lock
+    the link says so at once (OwnerLost: take delivery over) instead of knocking on the dead
+    socket for CONNECT_TIMEOUT (bench/takeover.py: failover after SIGKILL 0.2 s, not 5 s)."""
+    data = str(tmp_path / "data")
+    with partq.Broker.open(data) as admin:
+        admin.create_queue("q", partitions=2)
+        qid = admin.queue_config("q").qid
+    path = socket_path(data, qid)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(path)                     # the file stays: connecting to it is refused
+    dead.close()
+    with pytest.raises(partq.OwnerLost, match="no process delivers queue 'q'"):
+        OwnerLink(data, "q", qid, lambda frame: None, lambda: None, lambda: [])
+    with partq.Broker.open(data) as b:   # and a bind takes delivery over
+        assert b.bind("q").partitions == frozenset({0, 1})

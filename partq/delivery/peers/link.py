@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from partq.delivery.lock import beat_age, lease_for, lock_path
+from partq.delivery.lock import beat_age, holder, lease_for, lock_path
 from partq.delivery.peers.owner_channel import MAX_CONTROL_FRAME, VERSION, UnixAddress, socket_path
 from partq.errors import DeliveryLocked, FrameError, OwnerLost, PartqError
 from partq.wire.error_frames import error_from_frame
@@ -30,7 +30,8 @@ class OwnerLink:
     def __init__(self, store_path: str, queue: str, qid: int, on_push: Callable[[dict], None],
                  on_lost: Callable[[], None], outbox: Callable[[], list[dict]]) -> None:
         """Connect to the owner's socket and say hello; raises ``DeliveryLocked`` naming the
-        socket when no owner answers within ``CONNECT_TIMEOUT``."""
+        socket when no owner answers within ``CONNECT_TIMEOUT``, ``OwnerLost`` at once when no
+        process holds the queue's delivery lock any more."""
         self.queue = queue
         self._on_push, self._on_lost, self._outbox = on_push, on_lost, outbox
         self._send_lock = threading.Lock()
@@ -53,6 +54,11 @@ class OwnerLink:
                     welcome = recv_frame(sock, MAX_CONTROL_FRAME)
                 except (OSError, FrameError) as exc:
                     sock.close()
+                    if holder(lock_path(store_path, qid)) is None:
+                        # the owner died (its socket closes before its lock is released): take
+                        # delivery over rather than knock on a dead socket for CONNECT_TIMEOUT
+                        raise OwnerLost(f"no process delivers queue {queue!r} now; take it "
+                                        f"over or bind again") from None
                     if time.monotonic() > deadline:
                         raise DeliveryLocked(
                             f"queue {queue!r} is delivered by another process whose socket "

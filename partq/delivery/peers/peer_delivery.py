@@ -161,8 +161,9 @@ class PeerQueue:
                 for flow in flows:
                     self._rebind(flow)
                 return
-            except DeliveryLocked:
-                pass            # the new owner is not answering yet
+            except (DeliveryLocked, errors.OwnerLost):
+                pass            # the new owner is not answering yet, or the old one's lock is
+                                # not released yet
             except errors.QueueNotFound:
                 with self.lock:
                     for flow in flows:
