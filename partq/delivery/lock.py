@@ -47,6 +47,11 @@ class OwnerLock:
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if inode_of(path) != os.fstat(fd).st_ino:
+                # a successor removed this file (its holder's lease ran out: ``take_expired``)
+                # between the open and the lock, and that holder has just let go: the lock is
+                # the file the path names now, not this one
+                raise BlockingIOError
         except BlockingIOError:
             os.close(fd)
             raise LockHeld(holder(path) or "another process") from None
@@ -61,7 +66,6 @@ class OwnerLock:
                 raise
         self._fd: int | None = fd
         self._pid = os.getpid()
-        self.inode = os.fstat(fd).st_ino
 
     def touch(self) -> None:
         """Beat: set the file's modification time to now (the lease's heartbeat)."""
@@ -144,6 +148,14 @@ def take_expired(path: str, lease: float) -> bool:
         return True
     finally:
         os.close(fd)         # releases the break lock
+
+
+def inode_of(path: str) -> int | None:
+    """The inode ``path`` names now (None: no such file)."""
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def holder(path: str) -> str | None:

@@ -181,7 +181,7 @@ def main(argv=None) -> int:
                 # unbound by the owner (this process was silent past consumer_timeout, e.g.
                 # SIGSTOPped), or this process ran delivery and lost it while it was stopped
                 # (rule `owner-takeover`): bind again under the same name
-                log.write({"op": "unbound", "flow": names[i], "reason": str(exc)[:160]})
+                log.write({"op": "unbound", "flow": names[i], "reason": str(exc)[:400]})
                 flows[i] = bind_all(broker, [names[i]], args.queue)[0]
                 continue
             if not msgs:

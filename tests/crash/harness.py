@@ -40,6 +40,7 @@ import scaler
 from helpers import wait_until
 
 import partq
+from partq.delivery.lock import LOCK_DIR, holder, inode_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"pub": "publisher", "con": "consumer", "scale": "scaler"}
@@ -98,6 +99,7 @@ class Proc:
     argv: list
     status: int | None = None
     cont_at: float | None = None   # SIGSTOPped: when it gets SIGCONT
+    held: dict = field(default_factory=dict)   # ... and the delivery locks it held then
 
 
 @dataclass
@@ -107,8 +109,8 @@ class Figures:
     killed_by_harness: int = 0
     killed_by_crash_point: int = 0
     stopped: int = 0               # SIGSTOP/SIGCONT of a consumer process
-    owner_takeovers: int = 0       # ... of an owner that lost delivery meanwhile (a receive of
-                                   # it said so when it ran again: a lower bound)
+    owner_takeovers: int = 0       # ... of an owner whose delivery lock another process took
+                                   # meanwhile (rule `owner-takeover`)
     concurrent_rounds: int = 0     # rounds whose consumer processes delivered side by side
     scalings: int = 0
     scalings_skipped: int = 0      # an online scaling whose predecessor had not drained in time
@@ -300,6 +302,9 @@ class Round:
         for proc in self.procs:
             if proc.cont_at is not None and now >= proc.cont_at:
                 proc.cont_at = None
+                self.fig.owner_takeovers += sum(1 for path, ino in proc.held.items()
+                                                if inode_of(path) != ino)
+                proc.held = {}
                 os.kill(proc.pid, signal.SIGCONT)
         if self.stop_rate and self.rng.random() < self.stop_rate:
             running = [p for p in self.procs if p.role == "con" and p.cont_at is None]
@@ -307,7 +312,13 @@ class Round:
                 proc = self.rng.choice(running)
                 proc.cont_at = now + self.rng.uniform(0.1, 3 * self.consumer_timeout)
                 proc.kill_at = None if proc.kill_at is None else max(proc.kill_at, proc.cont_at)
+                locks = os.path.join(self.data, LOCK_DIR)
+                paths = [os.path.join(locks, n) for n in os.listdir(locks) if n.endswith(".lock")] \
+                    if os.path.isdir(locks) else []
                 os.kill(proc.pid, signal.SIGSTOP)
+                # the delivery locks it holds: a new file there by its SIGCONT is a takeover
+                proc.held = {path: inode_of(path) for path in paths
+                             if (holder(path) or "").startswith(f"pid {proc.pid} ")}
                 self.fig.stopped += 1
 
     # ------------------------------------------------------------------ the round
@@ -395,11 +406,7 @@ class Round:
                                   f"{f.read().decode(errors='replace')[-3000:]}")
         drain_events = checker.read_log(drain_log)
         self.fig.max_open_seconds = max(self.fig.max_open_seconds, drain_events[0]["seconds"])
-        logs = checker.load_dir(self.logs)
-        self.fig.owner_takeovers += sum(
-            1 for events in logs for e in events
-            if e.get("op") == "unbound" and "took delivery over" in e.get("reason", ""))
-        report = checker.check(logs, concurrent=bool(self.spread),
+        report = checker.check(checker.load_dir(self.logs), concurrent=bool(self.spread),
                                lifecycle={"max_redelivery": lifecycle.MAX_REDELIVERY}
                                if self.lifecycle else None, ordering=self.ordering)
         report["drained"] = next(e for e in drain_events if e["op"] == "drained")

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from partq.delivery.lock import beat_age, holder, lease_for, lock_path
+from partq.delivery.lock import beat_age, holder, inode_of, lease_for, lock_path
 from partq.delivery.peers.owner_channel import MAX_CONTROL_FRAME, VERSION, UnixAddress, socket_path
 from partq.errors import DeliveryLocked, FrameError, OwnerLost, PartqError
 from partq.wire.error_frames import error_from_frame
@@ -76,7 +76,7 @@ class OwnerLink:
         self.timeout = float(welcome.get("timeout", 10.0))
         self._sock = sock
         self._lock_path = lock_path(store_path, qid)
-        self._lock_inode = _inode(self._lock_path)
+        self._lock_inode = inode_of(self._lock_path)
         threading.Thread(target=self._read_loop, name="partq-link-read", daemon=True).start()
         threading.Thread(target=self._send_loop, name="partq-link-send", daemon=True).start()
 
@@ -157,7 +157,7 @@ class OwnerLink:
         """Whether the owner this link reaches lost its delivery lock: another process took it
         (a new lock file), or it stopped renewing its lease (stopped past the queue's
         consumer_timeout: ``on_lost`` then takes delivery over, ``lock.take_expired``)."""
-        if _inode(self._lock_path) != self._lock_inode:
+        if inode_of(self._lock_path) != self._lock_inode:
             return True
         age = beat_age(self._lock_path)
         return age is not None and age > lease_for(self.timeout)
@@ -169,10 +169,3 @@ class OwnerLink:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
