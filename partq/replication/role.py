@@ -43,7 +43,10 @@ class ReplicationRole:
                                     f"start from a new directory")
             self.store.write(lambda w: w.put_local_meta(b"role", STANDBY_ROLE))
             self.standby = True
-        self.store.write(lambda w: w.put_local_meta(FOLLOWED, primary.encode()))
+        with self.store.read() as r:
+            followed = r.meta(FOLLOWED)
+        if followed != primary.encode():     # what a promotion tells it is superseded
+            self.store.write(lambda w: w.put_local_meta(FOLLOWED, primary.encode()))
         self.follower = StandbyFollower(self.store, primary, options)
         self._watch()
 

@@ -21,50 +21,46 @@ EXPECTED = {
 }
 
 
-def test_publish_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "publish.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+def run_quick(script: str, tmp_path, timeout: float = 120) -> str:
+    """Run ``bench/SCRIPT.py --quick`` in the benchmarks' environment; it must succeed and leave
+    no scratch directory behind. Returns what it printed."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / f"{script}.py"), "--quick"],
+                          cwd=REPO, env=bench_env(REPO, tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, proc.stderr
-    check_bench_lines(proc.stdout.splitlines(), EXPECTED, ratio_from="measured")
     assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+    return proc.stdout
+
+
+def test_publish_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("publish", tmp_path)
+    check_bench_lines(stdout.splitlines(), EXPECTED, ratio_from="measured")
 
 
 def test_encode_cost_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "encode_cost.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    check_bench_lines(proc.stdout.splitlines(),
+    stdout = run_quick("encode_cost", tmp_path)
+    check_bench_lines(stdout.splitlines(),
                       {"encode_batch_1000", "decode_record", "record_fields",
                        "raw_lmdb_put_batch_1000", "partq_publish_many_preencoded_1000",
                        "partq_publish_many_batch_1000", "load_average_at_start",
                        "raw_lmdb_same_work_batch_1000",
                        "partq_publish_many_batch_1000_vs_raw_lmdb_same_work"},
                       ratio_from="measured")
-    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
 def test_online_scaling_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "online_scaling.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    check_bench_lines(proc.stdout.splitlines(),
+    stdout = run_quick("online_scaling", tmp_path)
+    check_bench_lines(stdout.splitlines(),
                       {"no_scaling_consume_rate", "no_scaling_publish_rate",
                        "online_scale_4_to_8_consume_rate", "online_scale_4_to_8_publish_rate",
                        "online_scale_4_to_8_check_switched_off_after",
                        "offline_scale_4_to_8_consume_rate", "offline_scale_4_to_8_publish_rate",
                        "offline_scale_4_to_8_ingress_off"}, ratio_from="printed")
-    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
 def test_memory_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "memory.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = check_bench_lines(proc.stdout.splitlines(),
+    stdout = run_quick("memory", tmp_path, timeout=60)
+    lines = check_bench_lines(stdout.splitlines(),
                               {"load_average_at_start", "memory_broker_backlog",
                                "memory_serve_idle_clients"})
     assert lines["memory_broker_backlog"]["depth"] == lines["memory_broker_backlog"]["messages"]
@@ -72,7 +68,6 @@ def test_memory_bench_quick_prints_json_lines(tmp_path):
     for name in ("memory_broker_backlog", "memory_serve_idle_clients"):
         assert lines[name]["unit"] == "MiB" and lines[name]["target"] == 200.0
         assert lines[name]["target_is"] == "max"
-    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
 def test_report_collects_lines_and_writes_the_table(tmp_path):
@@ -106,28 +101,20 @@ def test_report_collects_lines_and_writes_the_table(tmp_path):
 
 
 def test_hostile_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "hostile.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    stdout = run_quick("hostile", tmp_path, timeout=300)
+    lines = [json.loads(line) for line in stdout.splitlines()]
     assert [d["name"] for d in lines] == ["serve_rss_peak_under_attack",
                                           "serve_rss_after_clients_left",
                                           "legit_worst_publish_latency_under_attack"]
     for d in lines:
         assert d["attacked_round"]["errors"] == 0 and d["calm_round"]["errors"] == 0
         assert d["peer_value"] > 0 and d["value"] > 0
-    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
 
 
 def test_takeover_bench_quick_prints_json_lines(tmp_path):
-    env = bench_env(REPO, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "takeover.py"), "--quick"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    check_bench_lines(proc.stdout.splitlines(),
+    stdout = run_quick("takeover", tmp_path, timeout=180)
+    check_bench_lines(stdout.splitlines(),
                       {"owner_failover_after_sigkill",
                        "owner_takeover_after_sigstop_consumer_timeout_1s",
                        "publish_worst_latency_1s_nobody_stopped",
                        "publish_worst_latency_consumer_stopped_1s"}, ratio_from="measured")
-    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
