@@ -146,6 +146,8 @@ class Client:
         self._singles: list[tuple[str, list, RemotePending]] = []    # publish_async, unsent
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
+        self._unbound: list[RemoteEndpoint] = []    # to bind again on the next connection
+        self._reconnecting = threading.Lock()       # one reconnect at a time, in order
         self._closed = False
         self.reconnect_timeout = reconnect_timeout
         self._gone: str | None = None           # why the client gave up reconnecting
@@ -282,39 +284,57 @@ class Client:
                          daemon=True).start()
 
     def _reconnect(self) -> None:
-        delay = BACKOFF[0]
-        deadline = time.monotonic() + self.reconnect_timeout
-        while not self._closed:
-            try:
-                sock = self._open()
-            except PartqError as exc:
-                if time.monotonic() >= deadline:
-                    self._give_up(f"could not reach partq serve at {self.address} for "
-                                  f"{self.reconnect_timeout:g} s ({exc}); connect again")
-                    return
-                log.info("reconnecting to %s: %s", self.address, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, BACKOFF[1])
-                continue
-            with self._lock:
-                flows = list(self._flows.values())
-                self._flows = {}
-                self._start(sock)           # its outbox exists before requests can use it
-                self._sock = sock
-                self._connected.notify_all()
-            for endpoint in flows:
+        """Open a new connection and bind the flows again. One reconnect runs at a time: a
+        connection lost while its flows were being bound again leaves them to the next one,
+        which starts once this one ended (a flapping network loses no flow)."""
+        with self._reconnecting:
+            delay = BACKOFF[0]
+            deadline = time.monotonic() + self.reconnect_timeout
+            while not self._closed:
                 try:
-                    endpoint.rebind()
+                    sock = self._open()
                 except PartqError as exc:
+                    if time.monotonic() >= deadline:
+                        self._give_up(f"could not reach partq serve at {self.address} for "
+                                      f"{self.reconnect_timeout:g} s ({exc}); connect again")
+                        return
+                    log.info("reconnecting to %s: %s", self.address, exc)
+                    time.sleep(delay)
+                    delay = min(delay * 2, BACKOFF[1])
+                    continue
+                with self._lock:
+                    flows = self._unbound + list(self._flows.values())
+                    self._flows, self._unbound = {}, []
+                    self._start(sock)           # its outbox exists before requests can use it
+                    self._sock = sock
+                    self._connected.notify_all()
+                self._bind_again(flows, sock)
+                return
+
+    def _bind_again(self, flows: list[RemoteEndpoint], sock: socket.socket) -> None:
+        again = []
+        for endpoint in flows:
+            try:
+                endpoint.rebind()
+            except ServerUnavailable as exc:
+                if self._sock is sock:
                     endpoint.lost(f"could not bind again after a reconnect: {exc}")
-            log.info("reconnected to %s; %d flow(s) bound again", self.address, len(flows))
-            return
+                else:
+                    again.append(endpoint)     # this connection was lost too: the next one
+            except PartqError as exc:
+                endpoint.lost(f"could not bind again after a reconnect: {exc}")
+        with self._lock:
+            self._unbound += again
+        log.info("reconnected to %s; %d flow(s) bound again%s", self.address,
+                 len(flows) - len(again), f", {len(again)} left to the next connection"
+                 if again else "")
 
     def _give_up(self, reason: str) -> None:
         log.warning("%s", reason)
         with self._lock:
             self._gone = reason
-            flows, self._flows = list(self._flows.values()), {}
+            flows = self._unbound + list(self._flows.values())
+            self._flows, self._unbound = {}, []
             self._connected.notify_all()
         for endpoint in flows:
             endpoint.lost(reason)

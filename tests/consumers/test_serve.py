@@ -44,7 +44,9 @@ def served(tmp_path):
 
 
 class Proxy:
-    """A TCP proxy on 127.0.0.1 whose connections the test can cut (a network drop)."""
+    """A TCP proxy on 127.0.0.1 whose connections the test can cut (a network drop); with
+    ``drop_on`` set, the next connection whose client sends those bytes is cut as they pass
+    (once: a network that drops again while the client recovers)."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
@@ -52,6 +54,7 @@ class Proxy:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.drop_on: bytes | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -63,12 +66,15 @@ class Proxy:
             server = socket.create_connection(self.target)
             self.pairs.append((client, server))
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, a is client),
+                                 daemon=True).start()
 
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def _pipe(self, a: socket.socket, b: socket.socket, upstream: bool) -> None:
         try:
             while data := a.recv(65536):
+                if upstream and self.drop_on is not None and self.drop_on in data:
+                    self.drop_on = None
+                    break
                 b.sendall(data)
         except OSError:
             pass
@@ -220,6 +226,25 @@ def test_a_dropped_connection_reconnects_and_keeps_its_partitions(served):
         broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(40)])
         got = drain(remote, timeout=0.5) + drain(local, timeout=0.5)
         assert len({m.payload for m in got}) == 40
+        client.close()
+    finally:
+        proxy.close()
+
+
+def test_a_connection_dropped_again_while_the_client_binds_again_loses_no_flow(served):
+    broker, serve = served
+    proxy = Proxy(serve().address)
+    try:
+        client = partq.connect(proxy.address, token=TOKEN)
+        remote = client.bind("q", name="remote")
+        proxy.drop_on = b"bind"             # the next bind request (the rebind) is cut
+        proxy.cut()
+        wait_until(lambda: proxy.drop_on is None, timeout=30, what="the rebind cut")
+        wait_until(lambda: any(f.name == "remote" and f.bound
+                               for f in broker.queue_status("q").flows),
+                   timeout=30, what="the client bound again on a third connection")
+        broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(20)])
+        assert len({m.payload for m in drain(remote, timeout=0.5)}) == 20
         client.close()
     finally:
         proxy.close()
