@@ -22,10 +22,14 @@ $(FULL): $(BASE)
 demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
+# The suite runs in TEST_JOBS worker processes (pytest-xdist), each test file whole in one of them
+# (a module's fixtures, such as the crash-point sweep, run once); most tests wait on processes,
+# sockets and timers, so two workers halve the wall time on two cores. TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
 test: $(FULL) lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # import-linter reads a package from one folder: lay storage/, tools/ and spark/ into a copy of
 # partq/ as the installed package has them, then check pyproject's contracts on that copy.
