@@ -49,7 +49,9 @@ def _run(tmp_path, rounds: int, seconds: float):
 
 def test_random_kills_quick(tmp_path):
     fig = _run(tmp_path, rounds=6, seconds=5.5)
-    assert fig.killed >= 150, fig.as_dict()
+    # rounds are timed, so the count follows the machine's speed: 150-200 alone on two CPUs,
+    # 149 beside another test worker; fewer than 100 means the harness stopped killing
+    assert fig.killed >= 100, fig.as_dict()
     assert fig.published > 0 and fig.acked > 0
     if LIFECYCLE_EVERY and LIFECYCLE_EVERY <= 6:
         assert fig.lifecycle_rounds and sum(fig.dead.values()) > 0, fig.as_dict()
