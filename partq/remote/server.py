@@ -118,6 +118,7 @@ class Session:
         self._outbox = Outbox(sock, "partq-serve-send", direct="try")
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.closed = threading.Event()
+        self._bound = threading.Event()     # a flow bound, or the session ended: the pump looks
 
     def send(self, frame: dict) -> None:
         """Queue a frame for the client (pumps, answers); written in batches by one thread."""
@@ -162,7 +163,8 @@ class Session:
             reason = str(exc) or type(exc).__name__
         finally:
             self.closed.set()
-            self.broker.dispatcher.notify()         # the pump thread sees the session end
+            self._bound.set()                       # the pump thread sees the session end,
+            self.broker.dispatcher.notify()         # whether it sleeps on a bind or a change
             self._completions.put(None)
             self._outbox.close()
             flows, self.flows = list(self.flows.values()), {}
@@ -263,26 +265,33 @@ class Session:
             self.server.claim_name(queue, name, self)
         flow = self.broker.bind(queue, name=name, hint=None if hint is None else list(hint),
                                 skip_corrupt=bool(frame.get("skip_corrupt")))
-        timeout = self.broker.queue_config(queue).consumer_timeout
+        config = self.broker.queue_config(queue)
+        timeout = config.consumer_timeout
         pump = Pump(self, flow, timeout)
         self.flows[flow.flow_id] = pump
         if name is not None:
             self.server.named(queue, name, self)
         self.send({"op": "bound", "req": req, "flow": flow.flow_id,
                    "partitions": sorted(flow.partitions), "consumer_timeout": timeout,
-                   "max_poll_interval": self.broker.queue_config(queue).max_poll_interval})
+                   "max_poll_interval": config.max_poll_interval})
         log.info("client %s bound flow %s of queue %r: partitions %s", self.who,
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
-        self.broker.dispatcher.notify()             # the pump thread serves it from now on
+        self._bound.set()                           # the pump thread serves it from now on,
+        self.broker.dispatcher.notify()             # whether it sleeps on a bind or a change
 
     def _pump_loop(self) -> None:
         """Serve every flow of the connection from one thread: each in turn pushes what it has
         now; when none had anything, sleep until the dispatcher sees a change (a commit, a
         change of delivery state, a nack or bind of this session) or ``IDLE_WAIT``. Pushes wait
-        while ``max_push_bytes`` are queued for a client that reads slowly."""
+        while ``max_push_bytes`` are queued for a client that reads slowly. A session with no
+        flow (a publisher) sleeps until one binds: a commit does not wake it."""
         dispatcher = self.broker.dispatcher
         try:
             while not self.closed.is_set():
+                if not self.flows:
+                    self._bound.wait(IDLE_WAIT)
+                    self._bound.clear()         # flows is looked at again before a wait
+                    continue
                 token = dispatcher.change_token()
                 if not self.wait_for_room(self.limits.max_push_bytes, IDLE_WAIT):
                     continue
