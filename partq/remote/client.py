@@ -99,8 +99,7 @@ class _Each:
                     p.resolve(None, error_from_frame(result))
                 else:
                     part, seq, discarded = result
-                    p.resolve({"op": "published",
-                               "result": PublishResult(part, seq, bool(discarded))})
+                    p.set(PublishResult(part, seq, bool(discarded)))
         except Exception as exc:  # the first answer stands: this reaches the unanswered ones
             for p in self.pendings:
                 p.resolve(None, ProtocolMismatch(f"malformed answer from the server: {exc!r}"))

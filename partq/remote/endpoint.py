@@ -69,6 +69,16 @@ class RemotePending:
         except RuntimeError:            # a second answer raced this one and won
             pass
 
+    def set(self, value: object) -> None:
+        """Resolve with ``value`` itself, not converted (an answer already taken apart)."""
+        if not self._done.locked():
+            return
+        self._value = value
+        try:
+            self._done.release()
+        except RuntimeError:
+            pass
+
     def done(self) -> bool:
         return not self._done.locked()
 

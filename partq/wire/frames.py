@@ -164,7 +164,11 @@ class Outbox:
             return self._cond.wait_for(lambda: self._pending < limit or self._closed, timeout)
 
     def poke(self) -> None:
-        """Wake the writer: ``gather`` has something."""
+        """Wake the writer: ``gather`` has something. Already poked, it will call ``gather``
+        (it clears the flag before it does): nothing to do, and no lock taken (a pipelining
+        publisher pokes once per message)."""
+        if self._poked:
+            return
         with self._cond:
             self._poked = True
             self._cond.notify()

@@ -85,13 +85,15 @@ class Proxy:
                 pass
 
     def cut(self) -> None:
-        for pair in self.pairs:
+        """Cut the connections open now (taken before the first is cut: the client's
+        reconnect, which may come before this returns, is not cut too)."""
+        pairs, self.pairs = self.pairs, []
+        for pair in pairs:
             for s in pair:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-        self.pairs = []
 
     def close(self) -> None:
         self.cut()
