@@ -435,9 +435,11 @@ class Dispatcher(FlowService):
             version = self.store.version()
             if version != self._config_version:
                 self._config_version = version
+                # claims resolved before the snapshot began: a later one is not in it
+                claimed = {name: qd.claimed for name, qd in self._runtimes.items()}
                 with self.store.read() as r:
                     for name, qd in self._runtimes.items():
-                        if qd.claimed and qd.claim_error is None \
+                        if claimed[name] and qd.claim_error is None \
                                 and not owner.holds(r, qd.qid, qd.owner_token):
                             qd.fenced = True
                             continue

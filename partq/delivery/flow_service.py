@@ -97,8 +97,9 @@ class FlowService:
         with self._lock:
             qd.check_flow(state)
             timer_futs = self._submit_timers()
+            claimed = qd.claimed         # before the snapshot (``owner.check``)
             with self.store.read() as r:
-                owner.check(qd, r)       # another process took delivery over: nothing here
+                owner.check(qd, r, claimed)   # another process took delivery over: nothing here
                 msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
                                            self.clock.wall_ns())
             seen: dict[int, int] = {}     # marks another process wrote since the read

@@ -72,10 +72,12 @@ def guard(qd) -> Callable:
     return op
 
 
-def check(qd, reader) -> None:
+def check(qd, reader, claimed: bool) -> None:
     """Before a receive hands out messages read in ``reader``: raise ``FlowClosed`` (and mark
-    ``qd`` fenced) when another process claimed the queue since this one did."""
-    if qd.claimed and not holds(reader, qd.qid, qd.owner_token):
+    ``qd`` fenced) when another process claimed the queue since this one did. ``claimed`` is
+    ``qd.claimed`` as it was before ``reader``'s snapshot began: a claim committed after that
+    is not in the snapshot, which then still shows the queue unclaimed (or its old owner)."""
+    if claimed and not holds(reader, qd.qid, qd.owner_token):
         raise _refused(qd)
     if qd.fenced:
         raise lost(qd.name)

@@ -73,9 +73,12 @@ def test_killed_writers_and_stale_readers(tmp_path):
             assert sum(p.next_seq for p in status.partitions) == (i + 1) * 30   # steady ones only
         sizes.append(os.path.getsize(data / "data.mdb"))
         # after some rounds of warm-up the file keeps its size (records of one batch are one
-        # chunk in overflow pages, which want contiguous free pages: warm-up takes a few rounds)
+        # chunk in overflow pages, which want contiguous free pages: warm-up takes a few rounds).
+        # A read of this process's threads that overlaps a child's commit can pin a few pages for
+        # a while (5 pages once, under load); pages of killed batches never reused would add a
+        # batch (~60 KB) every round, over 300 KB in the last six
         print("data.mdb sizes", sizes)
-        assert sizes[-1] <= sizes[7], sizes
+        assert sizes[-1] - sizes[7] <= 64 << 10, sizes
     finally:
         keeper.close()
     with partq.Broker.open(data) as b:
