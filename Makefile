@@ -22,10 +22,11 @@ $(FULL): $(BASE)
 demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
-# The suite runs in TEST_JOBS worker processes (pytest-xdist), each test file whole in one of them
-# (a module's fixtures, such as the crash-point sweep, run once); most tests wait on processes,
-# sockets and timers, so two workers halve the wall time on two cores. TEST_JOBS=0: one process.
-TEST_JOBS ?= 2
+# TEST_JOBS=2 runs the suite in two worker processes (pytest-xdist), each test file whole in one
+# of them (a module's fixtures, such as the crash-point sweep, run once): 7.5-8 min instead of
+# 13.5 on two cores. Not the default yet: beside a worker running Spark and the crash tests, the
+# hostile-clients test stalled twice in six runs (not yet explained). TEST_JOBS=0: one process.
+TEST_JOBS ?= 0
 test: $(FULL) lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/mypy
