@@ -119,6 +119,7 @@ class Dispatcher(FlowService):
         """Bind a flow delivered by this process (``DeliveryLocked`` if another owns it)."""
         state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt,
                           now=self.clock.now())
+        self.step_down(queue)     # fenced since the ticker last looked: its flows go first
         qd = self._add_flow(queue, state, hint)
         log.info("flow %s bound to queue %r: partitions %s", name or state.flow_id, queue,
                  sorted(self.partitions(qd, state)))
