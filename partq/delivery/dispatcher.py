@@ -39,9 +39,9 @@ from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
 from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
+from partq.delivery.timers import POLL_INTERVAL, Timers
 from partq.errors import (
     DeliveryLocked,
-    FlowClosed,
     InvalidConfig,
     OwnerLost,
     PartqError,
@@ -52,11 +52,10 @@ from partq.pending import WriteHandle
 
 log = logging.getLogger("partq.delivery")
 
-POLL_INTERVAL = 0.02     # seconds between looks at the store for other processes' commits
 PROCESS = f"pid {os.getpid()} on {socket.gethostname()}"
 
 
-class Dispatcher(FlowService):
+class Dispatcher(Timers, FlowService):
     def __init__(self, store, clock, auto_tick: bool) -> None:
         self.store = store
         self.clock = clock
@@ -369,110 +368,6 @@ class Dispatcher(FlowService):
     def _on_commit(self, appended: int) -> None:
         if appended:
             self.notify()
-
-    # ------------------------------------------------------------------ timers
-    def tick(self) -> None:
-        """Run every rebalance and handoff timer that is due by the clock, and apply queue
-        config changes stored by any process; step down from queues another process took over
-        (``step_down``)."""
-        self.store.check_usable()
-        with self._lock:
-            futs = self._submit_timers()
-        self._wait_timers(futs)
-        with self._lock:
-            fenced = [name for name, qd in self._runtimes.items() if qd.fenced]
-        for name in fenced:
-            self.step_down(name)
-        if futs:
-            self.notify()
-
-    def _submit_timers(self) -> list[WriteHandle]:
-        """Submit the due timers' writes, one write per queue (so that a queue another process
-        took over fails alone)."""
-        futs = []
-        for qd, ops in self._due_timer_ops():
-            fut = self._submit(ops, qd)
-            if fut is not None:
-                futs.append(fut)
-        return futs
-
-    def _wait_timers(self, futs: list[WriteHandle]) -> None:
-        """Wait for timer writes (never under the lock); a queue this process no longer owns
-        is stepped down from by the next tick."""
-        for fut in futs:
-            try:
-                fut.result()
-            except FlowClosed:
-                pass
-
-    def wake_at(self, when: float) -> None:
-        """Make receivers look again at ``when`` (``clock.now()``): a nack's delay ends."""
-        with self._lock:
-            if self._wake is None or when < self._wake:
-                self._wake = when
-
-    def _timer_due(self) -> bool:
-        if self._wake_due():
-            return True
-        now = self.clock.now()
-        with self._lock:
-            return any(d is not None and d <= now
-                       for d in (qd.core.next_deadline() for qd in self._runtimes.values()))
-
-    def _wake_due(self) -> bool:
-        """Whether a nack's delay has ended since the last look (``wake_at``)."""
-        now = self.clock.now()
-        with self._lock:
-            if self._wake is not None and self._wake <= now:
-                self._wake = None
-                return True
-            return False
-
-    def _due_timer_ops(self) -> list[tuple[QueueDelivery, list]]:
-        """The due timers' writes, per queue delivered here."""
-        now = self.clock.now()
-        ops: dict[str, list] = {name: [] for name in self._runtimes}
-        if self._runtimes:
-            version = self.store.version()
-            if version != self._config_version:
-                self._config_version = version
-                # claims resolved before the snapshot began: a later one is not in it
-                claimed = {name: qd.claimed for name, qd in self._runtimes.items()}
-                with self.store.read() as r:
-                    for name, qd in self._runtimes.items():
-                        if claimed[name] and qd.claim_error is None \
-                                and not owner.holds(r, qd.qid, qd.owner_token):
-                            qd.fenced = True
-                            continue
-                        ops[name] += qd.config_ops(r, now)
-                        ops[name] += qd.cutover_ops(r)      # acks moved: an online scaling done?
-                        ops[name] += qd.take_outside_acks(r, now)
-        for name, qd in self._runtimes.items():
-            if qd.fenced:
-                continue
-            deadline = qd.core.next_deadline()
-            if deadline is not None and deadline <= now:
-                ops[name] += qd.tick(now)
-            ops[name] += qd.unbind_hung(now)
-        return [(self._runtimes[name], qops) for name, qops in ops.items() if qops]
-
-    def _tick_loop(self) -> None:
-        """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since
-        the last look (so they need not poll themselves), and run due timers."""
-        seen = self.store.version()
-        while not self._ticker_stop.wait(POLL_INTERVAL):
-            try:
-                version = self.store.version()
-                if version != seen or self._wake_due():     # a commit, or a delay ended
-                    seen = version
-                    self.notify()
-                self.tick()
-                if self.after_tick is not None:
-                    self.after_tick()
-            except PartqError as exc:
-                if self._closed:
-                    return
-                log.warning("timer run failed: %s", exc)
 
     # ------------------------------------------------------------------ lifecycle
     def settle(self) -> None:

@@ -56,27 +56,26 @@ class RemotePending:
     def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
         if not self._done.locked():
             return                      # answered already: the first answer stands
+        value = None
         if error is None and frame is not None and frame.get("op") == "error":
             error = error_from_frame(frame)
         if error is None:
             try:
-                self._value = self._convert(frame)
+                value = self._convert(frame)
             except Exception as exc:  # a malformed answer reaches its caller
                 error = errors.ProtocolMismatch(f"malformed answer from the server: {exc!r}")
-        self._error = error
-        try:
-            self._done.release()
-        except RuntimeError:            # a second answer raced this one and won
-            pass
+        self._settle(value, error)
 
     def set(self, value: object) -> None:
         """Resolve with ``value`` itself, not converted (an answer already taken apart)."""
-        if not self._done.locked():
-            return
-        self._value = value
+        if self._done.locked():
+            self._settle(value, None)
+
+    def _settle(self, value: object, error: BaseException | None) -> None:
+        self._value, self._error = value, error
         try:
             self._done.release()
-        except RuntimeError:
+        except RuntimeError:            # a second answer raced this one and won
             pass
 
     def done(self) -> bool:

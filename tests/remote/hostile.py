@@ -104,7 +104,11 @@ class Attacks:
     def unread(self) -> None:
         request = encode_frame({"op": "status", "req": 0, "queue": "q", "pad": b"p" * 60_000})
         while not self.stop.is_set():
-            sock = _raw(self.address)
+            try:
+                sock = _raw(self.address)
+            except (OSError, partq.PartqError):     # refused while the trickle holds every
+                self.stop.wait(0.2)                 # connection slot: try again
+                continue
             sock.settimeout(1.0)
             blocked = False
             try:

@@ -14,6 +14,21 @@ from tools_helpers import PARTQ_SCRIPT
 import partq
 
 
+class Progress:
+    """What a timed-out wait prints: how far each attack and the legitimate clients got."""
+    name = "progress"
+
+    def __init__(self, attacks: Attacks, legit: Legit) -> None:
+        self.attacks, self.legit = attacks, legit
+
+    def check_alive(self) -> None:
+        pass
+
+    def tail(self) -> str:
+        return (f"attacks seen {self.attacks.seen}; legit published {self.legit.published}, "
+                f"consumed {self.legit.consumed}, errors {self.legit.errors}")
+
+
 def test_legitimate_clients_are_served_through_every_attack(tmp_path):
     data = tmp_path / "data"
     with partq.Broker.open(data) as broker:
@@ -32,7 +47,8 @@ def test_legitimate_clients_are_served_through_every_attack(tmp_path):
         legit.start()
         wait_until(lambda: legit.errors or attacks.all_seen() and legit.published >= 1000
                    and legit.consumed >= 300, 240,
-                   "every attack under way and the legitimate clients getting through")
+                   "every attack under way and the legitimate clients getting through",
+                   procs=[Progress(attacks, legit)])
         legit.join()
         attacks.join()
         assert legit.errors == [], legit.errors
