@@ -294,9 +294,21 @@ class Store(CommitHooks):
         return 0 if raw is None else unpack_u64(raw)
 
     def version(self) -> int:
-        """A number that changes with every commit of any process (LMDB's last transaction
-        id): compare two readings to know, cheaply, whether anything was written between."""
-        return self._info()["last_txnid"]
+        """A number that changes with every commit of any process: compare two readings to
+        know, cheaply, whether anything was written between. It is the id of the commit a read
+        begun now sees, not LMDB's env info, which names a commit as soon as its meta page is
+        written, before new readers are pointed at it (with a synchronous meta write, for the
+        whole flush): a caller that read "nothing new up to version V" would then skip commit
+        V until the next one."""
+        self._gate.enter()
+        try:
+            txn = self._begin(write=False)
+            try:
+                return txn.id()
+            finally:
+                txn.abort()
+        finally:
+            self._gate.leave()
 
     def usage(self) -> dict:
         """Sizes of the store: ``file_size`` (data.mdb on disk), ``high_water`` (bytes of the file

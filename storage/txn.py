@@ -85,6 +85,10 @@ class Reader:
         self._dbs = store.dbs
         self.path = store.path
 
+    def version(self) -> int:
+        """The store's version this snapshot shows (``Store.version`` as of its commit)."""
+        return self._txn.id()
+
     # queues ------------------------------------------------------------------
     def queue(self, name: str) -> dict | None:
         raw = self.queue_raw(name)
