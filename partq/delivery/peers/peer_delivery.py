@@ -23,26 +23,24 @@ import threading
 import time
 
 from partq import errors
-from partq.config import QueueConfig, redelivery_wait
+from partq.config import QueueConfig
 from partq.delivery.cursor import flag_redelivered
-from partq.delivery.dead_letter import dead_op, recent_dead_of, rejected
-from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, read_cutover
 from partq.delivery.outside import outside_count
 from partq.delivery.peers.link import OwnerLink
+from partq.delivery.peers.peer_acks import PeerAcks
 from partq.delivery.peers.peer_flow import PeerFlow
 from partq.delivery.saved_state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
-from partq.pending import WriteHandle
 
 log = logging.getLogger("partq.delivery")
 
 FAILOVER_BACKOFF = (0.01, 0.5)
 
 
-class PeerQueue:
+class PeerQueue(PeerAcks):
     """This process's flows of one queue delivered by another process, and the control
     connection they share."""
 
@@ -337,144 +335,6 @@ class PeerQueue:
                   assignment.config.ordering == "key")
         flow.take_outside_acks(outside_count(r, qid), lambda sp: r.ack_state(qid, sp))
         return assignment
-
-    def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None:
-        """Apply acks in memory and queue their write, fenced in the write transaction.
-
-        The assignment is read again first, so an ack of a partition that moved since the last
-        receive is fenced before anything changes. If it moves between that read and the
-        commit, the write is refused whole (nothing acked, as on the owner) and the cursors of
-        the batch are marked for a resync from the durable state: the in-memory acks that did
-        not commit are forgotten and those messages delivered again."""
-        flow.poll.touch(self.dispatcher.clock.now())
-        with self.lock:
-            with self.store.read() as r:
-                assignment = self._sync(flow, r)
-                by_sp, epochs = flow.apply_acks(msgs, recent_dead_of(r, self.qid))
-            # a partition paused for a handoff settles with the acks that may end it
-            handing_off = flow.settle(self._paused(flow, assignment))
-        if not by_sp:
-            if handing_off:
-                self._write_settles([(flow, *s) for s in handing_off])
-            return None
-        qid, name, flow_id = self.qid, self.queue, flow.flow_id
-        by_msg = {(m.partition, m.seq): m for m in msgs}
-
-        def op(w):
-            assignment = Assignment(QueueConfig.from_dict(w.queue(name)), w.state(qid)) \
-                if w.queue_raw(name) is not None else None
-            lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
-                    if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
-            if lost:
-                flow.resync(by_sp)            # the in-memory acks of the batch did not commit
-                raise fenced_error(name, flow, lost, "acked")
-            for sp, seqs in by_sp.items():
-                w.ack(qid, sp, seqs)
-            self._settle_op(w, [(flow, *s) for s in handing_off])
-        return self._submit_reported(flow, op)
-
-    def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
-        """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""
-        flow.poll.touch(self.dispatcher.clock.now())
-        with self.lock:
-            with self.store.read() as r:       # a flow that never received has no cursors yet
-                self._sync(flow, r)
-            epoch = flow.apply_ack_through(sp, seq)
-        qid, name, flow_id = self.qid, self.queue, flow.flow_id
-
-        def op(w):
-            raw = w.queue(name)
-            if raw is None or not Assignment(QueueConfig.from_dict(raw), w.state(qid)) \
-                    .holds(flow_id, sp, epoch):
-                flow.resync([sp])
-                raise fenced_range(name, flow, sp, seq)
-            w.ack_through(qid, sp, seq)
-        return self._submit_reported(flow, op)
-
-    def _submit_reported(self, flow: PeerFlow, op) -> WriteHandle:
-        """Queue ``op``; once it commits the owner hears what ``flow`` still holds unacked."""
-        pending = self.store.submit(op)
-        with self.lock:
-            self._reports.append((pending, flow))
-        self.dispatcher.notify()
-        return pending
-
-    def _holds(self, w, flow: PeerFlow, sp: int, epoch: int) -> bool:
-        """Whether, in write ``w``, ``flow`` still holds ``sp`` under ``epoch`` (rule
-        `fencing`): what it writes for the partition otherwise changes nothing."""
-        raw = w.queue(self.queue)
-        return raw is not None and raw["qid"] == self.qid and \
-            Assignment(QueueConfig.from_dict(raw), w.state(self.qid)).holds(flow.flow_id, sp, epoch)
-
-    def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]:
-        """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count durable,
-        fenced: a flow that lost the partition counts nothing (its next holder does)."""
-        clock = self.dispatcher.clock
-        flow.poll.touch(clock.now())
-        with self.lock:
-            with self.store.read() as r:
-                config = self._sync(flow, r).config
-            cursor = flow.cursor(msg.partition)
-            failures = (cursor.ack.failed(msg.seq) if cursor is not None else 0) + 1
-            wait = redelivery_wait(config, failures) if delay is None else delay
-            taken = flow.apply_nack(msg, wait, clock.now())
-            if taken is not None:
-                self._reports.append((None, flow))
-        self.dispatcher.tally.nacked(self.queue)
-        if taken is None:
-            return []
-        cursor, epoch, back = taken
-        counts = cursor.count_lost([msg.seq])
-        qid, sp = self.qid, msg.partition
-
-        def op(w):
-            if self._holds(w, flow, sp, epoch):
-                w.set_failures(qid, sp, counts)
-        self.store.write(op)
-        if wait > 0:
-            self.dispatcher.wake_at(clock.now() + wait)
-        self.dispatcher.notify()
-        return back
-
-    def reject(self, flow: PeerFlow, msg: Message) -> None:
-        """``msg`` is dead at once: acked here and appended to the dead message queue in one
-        write, fenced like an ack."""
-        flow.poll.touch(self.dispatcher.clock.now())
-        with self.lock:
-            with self.store.read() as r:
-                self._sync(flow, r)
-            taken = flow.apply_reject(msg)
-        if taken is None:
-            return
-        cursor, epoch = taken
-        dead = [rejected(msg.partition, msg.seq, cursor.ack.failed(msg.seq) + 1)]
-        write = dead_op(self.queue, self.qid, dead, self.dispatcher.clock.wall_ns(),
-                        lambda w, sp: self._holds(w, flow, sp, epoch))
-        self._submit_reported(flow, write).result()
-
-    def _settle(self, flows: list[PeerFlow]) -> None:
-        """``flows`` let their partitions go gracefully: make their delivery counts and marks
-        exact first (``PeerFlow.settle``), fenced, so the next holder counts only what they
-        really delivered. Best effort: a failure leaves the counts as after a crash."""
-        with self.lock:
-            settles = [(flow, sp, epoch, settled) for flow in flows
-                       for sp, epoch, settled in flow.settle()]
-        self._write_settles(settles)
-
-    def _write_settles(self, settles: list) -> None:
-        if not settles:
-            return
-        try:
-            self.store.write(lambda w: self._settle_op(w, settles))
-        except PartqError as exc:
-            log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
-
-    def _settle_op(self, w, settles: list) -> None:
-        """``Writer.settle`` of each ``(flow, partition, epoch, settle)`` the flow still holds
-        (fenced: one that lost it changes nothing)."""
-        for flow, sp, epoch, (expected, mark, counted, counts) in settles:
-            if self._holds(w, flow, sp, epoch):
-                w.settle(self.qid, sp, expected, mark, counted, counts)
 
     def close(self) -> None:
         """This process is closing: its flows end, the owner sees the connection close."""
