@@ -22,11 +22,10 @@ $(FULL): $(BASE)
 demo: $(BASE)
 	$(BIN)/python -m partq.demo --data demo-data
 
-# TEST_JOBS=2 runs the suite in two worker processes (pytest-xdist), each test file whole in one
-# of them (a module's fixtures, such as the crash-point sweep, run once): 7.5-8 min instead of
-# 13.5 on two cores. Not the default yet: beside a worker running Spark and the crash tests, the
-# hostile-clients test stalled twice in six runs (not yet explained). TEST_JOBS=0: one process.
-TEST_JOBS ?= 0
+# The suite runs in two worker processes (pytest-xdist), each test file whole in one of them (a
+# module's fixtures, such as the crash-point sweep, run once): 7.5 min instead of 12-13.5 on two
+# cores, most tests waiting on processes, sockets and timers. TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
 test: $(FULL) lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/mypy
