@@ -246,15 +246,16 @@ class Dispatcher(Timers, FlowService):
         self._commit_and_notify(fut)
 
     def report(self, queue: str, flow_id: str, counts: dict[int, int],
-               paused: set[int] | None = None) -> None:
+               paused: set[int] | None = None, held: dict[int, list] | None = None) -> None:
         """A flow of another process reports what it holds unacked per partition (and which of
-        them it saw paused for a handoff: ``QueueDelivery.report``)."""
+        them it saw paused for a handoff, and what holds messages back on them:
+        ``QueueDelivery.report``)."""
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
             if qd is None or state is None:
                 return
-            fut = self._submit(qd.report(state, counts, self.clock.now(), paused), qd)
+            fut = self._submit(qd.report(state, counts, self.clock.now(), paused, held), qd)
         self._commit_and_notify(fut)
 
     def consumer_timeout(self, queue: str) -> float:

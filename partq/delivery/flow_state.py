@@ -48,7 +48,8 @@ class FlowState:
     holds is a handle on it). Changed only under the dispatcher's lock."""
 
     __slots__ = ("flow_id", "name", "queue", "skip_corrupt", "inflight", "rr", "pending_error",
-                 "closed_reason", "events", "on_change", "remote", "reported", "client", "poll")
+                 "closed_reason", "events", "on_change", "remote", "reported", "reported_held",
+                 "client", "poll")
 
     def __init__(self, flow_id: str, name: str | None, queue: str, skip_corrupt: bool,
                  remote: PeerSink | None = None, client: str | None = None,
@@ -66,6 +67,7 @@ class FlowState:
         # changes through ``remote``.
         self.remote = remote
         self.reported: dict[int, int] = {}
+        self.reported_held: dict[int, list] = {}    # slot -> what holds its messages back
         self.client = client              # "pid P on HOST" of the process the flow lives in
 
     @property

@@ -13,8 +13,9 @@ Reasons (``SlotView.held_for``):
 
 Under "key" a partition also carries the keys in flight on it (``inflight_keys``, at most
 ``KEY_SAMPLE`` of them, and ``inflight_key_count``): the keys a handoff of it would hold, which
-the rebalance dry-run names. Only this process's flows are seen; a partition a flow of another
-process holds shows nothing held, and its keys in flight as not known (count -1).
+the rebalance dry-run names. A partition a flow of another process holds shows what that flow
+last reported held on it (it reports with its acks, receives and nacks: ``peer_holds``), and
+its keys in flight as not known (count -1).
 """
 from __future__ import annotations
 
@@ -31,21 +32,9 @@ def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
               now: float) -> SlotView:
     """``view`` (a slot of ``QueueDelivery.view``) with what holds messages back on cursor
     ``ps`` (``slot`` in ``core``) now, and the keys in flight on it."""
-    reasons: list[str] = []
-    keys: set[str] = set()
-    unkeyed = messages = 0
-    if ps.wait_until > now:
-        reasons.append("delay")
+    reasons, keys, unkeyed, messages = _holds(ps, now)
     keyed = ps.keyed
     if keyed is not None:
-        for key, _suspect, not_before in keyed.pending.values():
-            if key is not None:
-                keys.add(key)
-            else:
-                unkeyed += 1
-            if not_before > now and "delay" not in reasons:
-                reasons.append("delay")
-        messages = len(keyed.pending)
         h = core.handoffs.get(slot)
         if h is not None and (slot, h.source) in early_slots(core, flows, parts, h.target):
             keys |= {k for s, f in ps.inflight.items()
@@ -54,11 +43,56 @@ def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
             target = flows.get(h.target)
             view = dataclasses.replace(view, status=PartitionState.READY, flow=h.target,
                                        flow_name=target.name if target is not None else None)
-    if ps.held_by is not None:
-        reasons.append("cut-over")
     if keyed is None:
         return dataclasses.replace(view, held_for=reasons)
     inflight = sorted({k for s in ps.inflight if (k := keyed.keys.get(s)) is not None})
     return dataclasses.replace(view, held_keys=len(keys) + unkeyed, held_messages=messages,
                                held_for=reasons, inflight_keys=inflight[:KEY_SAMPLE],
                                inflight_key_count=len(inflight))
+
+
+def _holds(ps, now: float) -> tuple[list[str], set[str], int, int]:
+    """What holds messages back on cursor ``ps`` itself: (reasons, keys held, unkeyed messages
+    held, messages held)."""
+    reasons: list[str] = []
+    keys: set[str] = set()
+    unkeyed = messages = 0
+    if ps.wait_until > now:
+        reasons.append("delay")
+    if ps.keyed is not None:
+        for key, _suspect, not_before in ps.keyed.pending.values():
+            if key is not None:
+                keys.add(key)
+            else:
+                unkeyed += 1
+            if not_before > now and "delay" not in reasons:
+                reasons.append("delay")
+        messages = len(ps.keyed.pending)
+    if ps.held_by is not None:
+        reasons.append("cut-over")
+    return reasons, keys, unkeyed, messages
+
+
+def peer_holds(ps, now: float) -> list | None:
+    """What a flow of another process reports of its cursor ``ps`` (``[held_keys,
+    held_messages, held_for]``), for the owner's status to show (``reported_slot``); None
+    when nothing is held."""
+    reasons, keys, unkeyed, messages = _holds(ps, now)
+    if not reasons and not messages:
+        return None
+    return [len(keys) + unkeyed, messages, reasons]
+
+
+def reported_slot(view: SlotView, reported: list | None) -> SlotView:
+    """``view`` of a partition a flow of another process holds, with what that flow last
+    reported of it (``peer_holds``); unchanged when it reported nothing held. Its keys in
+    flight stay not known (count -1): a handoff from a flow of another process waits as
+    under "partition", and the rebalance dry-run says so."""
+    if reported is None:
+        return view
+    try:
+        keys, messages, reasons = reported[:3]
+        return dataclasses.replace(view, held_keys=int(keys), held_messages=int(messages),
+                                   held_for=[str(r) for r in reasons])
+    except (TypeError, ValueError):
+        return view             # a malformed report shows nothing rather than failing status

@@ -25,7 +25,7 @@ from partq.core.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliv
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_calls import FlowCalls
 from partq.delivery.flow_state import FlowState
-from partq.delivery.held_view import held_slot
+from partq.delivery.held_view import held_slot, reported_slot
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.key_handoff import early_slots, give_back, keeps_inflight
 from partq.delivery.layout import delivery_layout, describe_mode
@@ -308,12 +308,16 @@ class QueueDelivery(FlowCalls):
             self.parts[p].outstanding(flow_id)
 
     def report(self, flow: FlowState, counts: dict[int, int], now: float,
-               paused: set[int] | None = None) -> list:
+               paused: set[int] | None = None, held: dict[int, list] | None = None) -> list:
         """A flow of another process reports what it holds unacked per storage partition: a
         handoff waiting for it may complete, on a count the flow made after it saw the
         partition paused (``paused``; None from a peer that does not say: any count). A count
-        made before could miss a message it was taking as the pause began. Returns the writes
-        to submit."""
+        made before could miss a message it was taking as the pause began. ``held``: what
+        holds messages back on its partitions (``held_view.peer_holds``), for the status.
+        Returns the writes to submit."""
+        if held is not None:
+            flow.reported_held = {slot: h for sp, h in held.items()
+                                  if (slot := self.slot_of.get(sp)) is not None}
         actions = []
         for sp, n in counts.items():
             slot = self.slot_of.get(sp)
@@ -382,6 +386,9 @@ class QueueDelivery(FlowCalls):
             if ps is not None and not ps.remote_held:
                 slot = held_slot(slot, ps, self.slot_of[ps.sp], self.core, self.flows,
                                  self.parts, now)
+            elif ps is not None and slot.flow in self.flows:
+                slot = reported_slot(slot, self.flows[slot.flow].reported_held
+                                     .get(self.slot_of[ps.sp]))
             slots.append(slot)
         return dataclasses.replace(view, delayed=self.delayed(now), slots=slots)
 

@@ -15,9 +15,11 @@ Frames are ``partq.wire``'s (length, crc32c, msgpack). Client -> owner::
     {"op": "bind", "req", "name", "hint", "skip_corrupt"} -> {"op": "bound", "req", "flow"}
     {"op": "unbind", "req", "flow"}                   -> {"op": "ok", "req"}
     {"op": "view", "req"}                             -> {"op": "view", "req", "view"}
-    {"op": "outstanding", "flow", "counts": [[partition, n], ...], "paused": [partition, ...]}
+    {"op": "outstanding", "flow", "counts": [[partition, n], ...], "paused": [partition, ...],
+     "held": [[partition, keys, messages, [reason, ...]], ...]}
         (``paused``: the flow's partitions it saw paused for a handoff when it counted: only
-        such a count can end a handoff)
+        such a count can end a handoff; ``held``: what holds messages back on its partitions,
+        for the owner's status: ``held_view.peer_holds``)
     {"op": "beat"}
     owner -> client: {"op": "event", "flow", "active", "partitions"}, {"op": "closed", "flow",
     "reason"}, {"op": "error", "req", "error", "message", and the error's fields} (the error's
@@ -308,9 +310,10 @@ class ControlServer:
             return
         if op == "outstanding":
             counts = {int(p): int(n) for p, n in frame.get("counts", [])}
-            paused = frame.get("paused")
+            paused, held = frame.get("paused"), frame.get("held")
             self.dispatcher.report(self.queue, str(frame.get("flow")), counts,
-                                   None if paused is None else {int(p) for p in paused})
+                                   None if paused is None else {int(p) for p in paused},
+                                   None if held is None else {int(h[0]): h[1:] for h in held})
             return
         req = frame.get("req")
         try:

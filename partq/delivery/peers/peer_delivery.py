@@ -86,8 +86,10 @@ class PeerQueue(PeerAcks):
             self._note_pauses()
             done = {id(f): f for p, f in self._reports if p is None or p.done()}
             self._reports = [(p, f) for p, f in self._reports if not (p is None or p.done())]
+            now = self.dispatcher.clock.now()
             return [{"op": "outstanding", "flow": f.flow_id, "counts": f.outstanding(),
-                     "paused": sorted(f.seen_paused)} for f in done.values()]
+                     "paused": sorted(f.seen_paused), "held": f.holding(now)}
+                    for f in done.values()]
 
     def _note_pauses(self) -> None:
         """Under the lock (no receive of this process takes meanwhile): when the store changed,

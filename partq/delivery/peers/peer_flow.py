@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_state import dead_error, fenced_error, fenced_range
+from partq.delivery.held_view import peer_holds
 from partq.errors import CorruptRecord, FlowClosed, InvalidAck
 from partq.flow import FlowEndpoint, PollWatch
 from partq.message import FlowChangeUpdate, Message
@@ -410,6 +411,12 @@ class PeerFlow:
                 out.append((sp, cursor.epoch, settled))
                 cursor.settled = True
         return out
+
+    def holding(self, now: float) -> list[list]:
+        """[partition, *what holds messages back on it] for each partition it delivers where
+        something does (``held_view.peer_holds``): what the owner's status shows."""
+        return [[sp, *h] for sp, c in self._cursors.items()
+                if (h := peer_holds(c, now)) is not None]
 
     def outstanding(self) -> list[list[int]]:
         """[partition, messages in flight] for each partition it delivers: what the owner
