@@ -30,8 +30,10 @@ def test_an_old_primary_that_comes_back_is_told_and_refuses_writes(tmp_path):
     old.publish_many("orders", [(b"m%d" % i, f"k{i}") for i in range(20)])
     standby = partq.Broker.open(tmp_path / "new", standby_of=address)
     try:
-        wait_until(lambda: standby.replication_status().connected
-                   and standby.queue_status("orders").depth == 20, 30, "the standby to catch up")
+        wait_until(lambda: standby.replication_status().connected   # (a link that dropped
+                   and "orders" in {c.name for c in standby.queues()}  # resumes, connected
+                   and standby.queue_status("orders").depth == 20,     # before it has the queue)
+                   30, "the standby to catch up")
         old.close()                                   # the primary is taken for lost
         standby.promote()                             # its address is down: told once it is back
         standby.publish("orders", b"on the new primary", key="k")
