@@ -1,7 +1,8 @@
 """What holds messages back on a partition a flow of another process delivers shows in the
 owner's ``queue_status`` (rule `key-ordering`), as that flow last reported it: a nack's delay
-holding one key. (Before, such a partition showed nothing held.) Here the "other process" is a second Broker of this process on the
-same directory, served by the first through the control socket like any other process."""
+holding one key. (Before, such a partition showed nothing held.) Here the "other process" is
+a second Broker of this process on the same directory, served by the first through the control
+socket like any other process."""
 from __future__ import annotations
 
 from helpers import wait_until
