@@ -3,6 +3,8 @@
 Callers queue an operation (a function of a ``Writer``) and wait on its future. The thread takes
 everything queued, runs it all in one write transaction, commits (with fsync in sync mode) and
 resolves every future, so N concurrent publishers pay for about one fsync, not N (rule `durable-publish`).
+A caller that would wait anyway and finds the writer idle, nothing queued, commits in its own
+thread instead (``write_now``); what others queue meanwhile goes in the thread's next commit.
 
 Failure handling, in order:
 * ``lmdb.MapFullError``: the transaction is aborted (nothing of it is visible), the map doubles
@@ -117,6 +119,7 @@ class GroupCommitWriter:
         # set by replication: checked in each commit that wrote the change log (see Store)
         self.change_log_guard: ChangeLogGuard | None = None
         self._thread: threading.Thread | None = None      # started by the first submit
+        self._busy = False        # a commit is under way (the thread's, or a caller's: write_now)
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """Call ``fn(appended)`` in the writer thread after every commit (must be quick, must not
@@ -140,22 +143,46 @@ class GroupCommitWriter:
     def submit(self, op: Callable[[Writer], object]) -> Pending:
         pending = Pending(op)
         with self._cond:
-            if self._stopping:
-                raise BrokerClosed(f"the store at {self._store.path} is closing; open it again")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="partq-writer",
-                                                daemon=True)
-                self._thread.start()
-            self._pending.append(pending)
-            self._cond.notify()
+            self._queue(pending)
         return pending
 
+    def write_now(self, op: Callable[[Writer], object]) -> Pending:
+        """``submit`` for a caller that waits for the commit anyway: when no commit is under way
+        and nothing is queued, commit ``op`` in the calling thread (a lone writer saves the
+        hand-off to the writer thread and back); otherwise queue it for the next shared commit.
+        Returns its handle, resolved when committed here."""
+        pending = Pending(op)
+        with self._cond:
+            if self._busy or self._pending or self._stopping:
+                self._queue(pending)
+                return pending
+            self._busy = True
+        try:
+            self._commit([pending])
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()     # the thread (what was queued meanwhile), or stop()
+        return pending
+
+    def _queue(self, pending: Pending) -> None:
+        """Under ``_cond``: queue ``pending`` for the writer thread (started on first use)."""
+        if self._stopping:
+            raise BrokerClosed(f"the store at {self._store.path} is closing; open it again")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="partq-writer", daemon=True)
+            self._thread.start()
+        self._pending.append(pending)
+        self._cond.notify()
+
     def stop(self) -> None:
-        """Finish what is queued, then stop the thread."""
+        """Finish what is queued, and a caller's commit under way, then stop the thread."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
             thread = self._thread
+            while self._busy and thread is None:
+                self._cond.wait()
         if thread is not None and threading.current_thread() is not thread:
             thread.join()
 
@@ -164,13 +191,18 @@ class GroupCommitWriter:
         pending, cond = self._pending, self._cond
         while True:
             with cond:
-                while not pending and not self._stopping:
-                    cond.wait()
+                while self._busy or (not pending and not self._stopping):
+                    cond.wait()         # (a caller's commit: one transaction at a time)
                 if not pending:
                     return
                 n = min(len(pending), MAX_OPS_PER_COMMIT)
                 batch = [pending.popleft() for _ in range(n)]
-            self._commit(batch)
+                self._busy = True
+            try:
+                self._commit(batch)
+            finally:
+                with cond:
+                    self._busy = False
 
     def _commit(self, batch: list[Pending]) -> None:
         started = time.perf_counter()

@@ -240,18 +240,20 @@ class Store(CommitHooks):
         return self.env.begin(write=write)
 
     # ------------------------------------------------------------------ writing
-    def submit(self, op: Callable[[Writer], T]):
+    def submit(self, op: Callable[[Writer], T], wait: bool = False):
         """Queue ``op`` for the next group commit; returns a ``Pending`` whose ``result()``
-        waits for the commit. A store opened read-only is made writable first."""
+        waits for the commit. ``wait``: the caller waits for it at once, so it may commit in
+        the calling thread when the writer is idle (``GroupCommitWriter.write_now``). A store
+        opened read-only is made writable first."""
         self.check_usable()
         self.check_writable()
         if self._env_readonly:
             self._make_writable()
-        return self._writer.submit(op)
+        return self._writer.write_now(op) if wait else self._writer.submit(op)
 
     def write(self, op: Callable[[Writer], T]) -> T:
         """Run ``op`` in a write transaction shared with concurrent writers; return after commit."""
-        return self.submit(op).result()
+        return self.submit(op, wait=True).result()
 
     def append_refusal(self, txn) -> str | None:
         """Why appends must stop now, or None: they stop while a reserve for acks cannot be kept,

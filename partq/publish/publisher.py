@@ -124,9 +124,10 @@ class Publisher:
         return Pending(quota.RaisesRefusal(self.store.submit(
             _PublishOne(self, queue, encoded, expires is not None))))
 
-    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None) -> Pending:
+    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None,
+                           wait: bool = False) -> Pending:
         """``publish_many`` without waiting: checked and encoded now, one transaction, durable
-        once ``result()`` returns."""
+        once ``result()`` returns (``wait``: the caller waits at once: ``Store.submit``)."""
         config = self.config(queue)
         now = self.clock.wall_ns()                 # one commit, one publish time
         expires = expiry(now, ttl)
@@ -138,7 +139,7 @@ class Publisher:
             if expires is not None:
                 self.ttl_seen(w, queue)
             return quota.placed_or_refused(self, w, queue, encoded)
-        return Pending(quota.RaisesRefusal(self.store.submit(op)))
+        return Pending(quota.RaisesRefusal(self.store.submit(op, wait)))
 
     def publish_each_async(self, queue: str, items: list) -> Pending:
         """Publish independent messages in one transaction: each item's result, or the
@@ -166,7 +167,7 @@ class Publisher:
     def publish_many(self, queue: str, items: Iterable, checkpoint: tuple[str, int] | None = None,
                      ttl: float | None = None) -> list[PublishResult]:
         if checkpoint is None:
-            return self.publish_many_async(queue, items, ttl).result()
+            return self.publish_many_async(queue, items, ttl, wait=True).result()
         name, position = checkpoint_position(checkpoint)
         key = checkpoint_key(name)
         config = self.config(queue)

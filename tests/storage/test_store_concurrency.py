@@ -10,6 +10,7 @@ import os
 import threading
 
 import pytest
+from helpers import wait_until
 from store_helpers import append, head, make_queue, payloads_of, rec
 
 from partq.errors import UsedAcrossFork
@@ -127,3 +128,27 @@ def test_forked_child_cannot_reopen_and_is_told_what_to_do(tmp_path, opened):
 
     assert _in_child(child) == 0
     assert payloads_of(store, qid, 0) == {0: b"parent"}
+
+
+def test_a_lone_synchronous_write_commits_in_its_callers_thread(tmp_path, opened):
+    """A write whose caller waits for it, finding no commit under way and nothing queued, is
+    committed in the caller's thread (no hand-off to the writer thread and back); one that
+    finds a commit under way is queued and goes in the writer thread's next commit."""
+    store = opened(tmp_path / "d", durability="sync")
+    qid = make_queue(store)
+    committed_in: list[threading.Thread] = []
+    store.on_commit(lambda appended: committed_in.append(threading.current_thread()))
+    append(store, qid, 0, [b"alone"])
+    assert committed_in[-1] is threading.current_thread()
+    inside, release = threading.Event(), threading.Event()
+    blocked = store.submit(lambda w: (inside.set(), release.wait(30)))   # the writer thread's
+    assert inside.wait(30)
+    done: list = []
+    caller = threading.Thread(target=lambda: done.append(append(store, qid, 0, [b"queued"])))
+    caller.start()
+    wait_until(lambda: store._writer._pending, 30, "the caller's write to be queued")
+    release.set()
+    blocked.result()
+    caller.join(30)
+    assert done and committed_in[-1] not in (caller, threading.current_thread())
+    assert payloads_of(store, qid, 0) == {0: b"alone", 1: b"queued"}
