@@ -1,5 +1,5 @@
 """What a ``Store`` offers the code that follows its commits (delivery, replication, metrics):
-hooks run in the writer thread after each commit, the change log's guard, the gate that holds
+hooks run in the committing thread after each commit, the change log's guard, the gate that holds
 the callers of replicated commits, and the counters of group commit. Each hands its part to the
 store's group-commit writer (``partq.storage.group_commit``)."""
 from __future__ import annotations
@@ -17,15 +17,16 @@ class CommitHooks:
     _writer: GroupCommitWriter
 
     def on_commit(self, fn: Callable[[int], None]) -> None:
-        """Call ``fn(appended)`` in the writer thread after every commit of this process, with
-        the number of records it appended. It must be quick and must not write."""
+        """Call ``fn(appended)`` after every commit of this process, in the thread that made it
+        (the writer thread, or a caller's: ``GroupCommitWriter.write_now``), with the number of
+        records it appended. It must be quick and must not write."""
         self._writer.add_listener(fn)
 
     def remove_commit_hook(self, fn: Callable[[int], None]) -> None:
         self._writer.remove_listener(fn)
 
     def on_commit_stats(self, fn: Callable[[float, int, int], None]) -> None:
-        """Call ``fn(seconds, operations, appended)`` in the writer thread after every commit of
+        """Call ``fn(seconds, operations, appended)`` in the committing thread after every commit of
         this process (its duration, fsync included; operations and records it carried)."""
         self._writer.add_stats_listener(fn)
 

@@ -83,7 +83,7 @@ class Pending:
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once the write is resolved: at once if it is, else in the thread that
-        resolves it (the group-commit thread: ``fn`` must be quick and must not write)."""
+        resolves it (the committing thread: ``fn`` must be quick and must not write)."""
         with _callbacks_lock:
             if not self.done():
                 self._callbacks = [*(self._callbacks or ()), fn]
@@ -122,7 +122,7 @@ class GroupCommitWriter:
         self._busy = False        # a commit is under way (the thread's, or a caller's: write_now)
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
-        """Call ``fn(appended)`` in the writer thread after every commit (must be quick, must not
+        """Call ``fn(appended)`` in the committing thread after every commit (must be quick, must not
         write); ``appended`` is how many records the commit appended."""
         self._listeners.append(fn)
 
@@ -131,7 +131,7 @@ class GroupCommitWriter:
             self._listeners.remove(fn)
 
     def add_stats_listener(self, fn: Callable[[float, int, int], None]) -> None:
-        """Call ``fn(seconds, operations, appended)`` in the writer thread after every commit:
+        """Call ``fn(seconds, operations, appended)`` in the committing thread after every commit:
         how long its transaction and fsync took, how many operations and appended records it
         carried (the metrics' commit histograms). Must be quick."""
         self._stats_listeners.append(fn)

@@ -2,8 +2,9 @@
 
 One ``Store`` per directory per process (LMDB forbids two environments on one path in a process);
 ``Store.open`` hands out the shared instance and counts references. Every read runs in
-``Store.read()``; every write goes through the group-commit thread (``Store.write``/``submit``),
-which is the only code that opens write transactions. An lmdb exception leaves it as a partq
+``Store.read()``; every write goes through the group-commit writer (``Store.write``/``submit``),
+which is the only code that opens write transactions (in its thread, or in the thread of a
+caller that waits and finds it idle). An lmdb exception leaves it as a partq
 error, translated by ``partq.storage.lmdb_errors``. ``ReadOnlyStore`` (``read_only_store``) is
 the same store opened without writing anything.
 
@@ -173,7 +174,7 @@ class Store(CommitHooks):
             self.env, self.dbs, self._env_readonly = env, dbs, False
 
     def cover_file(self) -> None:
-        """After a commit (the group-commit thread): keep data.mdb covering the pages LMDB counts
+        """After a commit (the committing thread): keep data.mdb covering the pages LMDB counts
         and its reserve for acks allocated on disk (``partq.storage.space``)."""
         self.space.after_commit(self._info()["last_pgno"])
 
@@ -211,7 +212,7 @@ class Store(CommitHooks):
 
     @contextmanager
     def write_transaction(self) -> Iterator[lmdb.Transaction]:
-        """A raw write transaction for the group-commit thread, which commits it; aborted if the
+        """A raw write transaction for the group-commit writer, which commits it; aborted if the
         block raises. Holds the gate shared (a map resize waits for it to end)."""
         self._gate.enter()
         try:
