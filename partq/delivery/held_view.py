@@ -43,6 +43,8 @@ def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
             target = flows.get(h.target)
             view = dataclasses.replace(view, status=PartitionState.READY, flow=h.target,
                                        flow_name=target.name if target is not None else None)
+    if ps.held_by is not None:
+        reasons.append("cut-over")
     if keyed is None:
         return dataclasses.replace(view, held_for=reasons)
     inflight = sorted({k for s in ps.inflight if (k := keyed.keys.get(s)) is not None})
@@ -52,8 +54,9 @@ def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
 
 
 def _holds(ps, now: float) -> tuple[list[str], set[str], int, int]:
-    """What holds messages back on cursor ``ps`` itself: (reasons, keys held, unkeyed messages
-    held, messages held)."""
+    """What cursor ``ps`` itself holds back (a nack's delay, messages passed over): (reasons,
+    keys held, unkeyed messages held, messages held). A cut-over (``ps.held_by``) is the
+    callers' to add, after a handoff, so that ``held_for`` keeps its order."""
     reasons: list[str] = []
     keys: set[str] = set()
     unkeyed = messages = 0
@@ -68,8 +71,6 @@ def _holds(ps, now: float) -> tuple[list[str], set[str], int, int]:
             if not_before > now and "delay" not in reasons:
                 reasons.append("delay")
         messages = len(ps.keyed.pending)
-    if ps.held_by is not None:
-        reasons.append("cut-over")
     return reasons, keys, unkeyed, messages
 
 
@@ -78,6 +79,8 @@ def peer_holds(ps, now: float) -> list | None:
     held_messages, held_for]``), for the owner's status to show (``reported_slot``); None
     when nothing is held."""
     reasons, keys, unkeyed, messages = _holds(ps, now)
+    if ps.held_by is not None:
+        reasons.append("cut-over")
     if not reasons and not messages:
         return None
     return [len(keys) + unkeyed, messages, reasons]
