@@ -27,6 +27,10 @@ process its own connection; a line carries ``durability`` (what a reply guarante
   shared by the clients, ``ack()`` each, then one ``flush()`` (a PING round trip: the server has
   the acks). NOT equal durability: no fsync per publish (the 2.9 file store syncs every 2
   minutes; strace saw no fsync/fdatasync at all during publishes and consumes).
+* ``remote_publish_many_100_{n}_clients_vs_reference``: partq serve's clients calling
+  ``publish_many`` of 100 (one request, all or nothing), beside the same reference figure: the
+  same client loop on both sides. The ``publish_pipelined`` line beside it keeps partq's
+  ``publish_async`` loop (each message alone), which costs its client more CPU per 100.
 * ``reference_{publish_pipelined,consume_ack}_100_{n}_clients``: bench/reference_server.py, the
   least a server over the public ``partq.Broker`` API does (one thread per connection, one
   request and one reply per batch: ``publish_many`` of 100; ``receive(100)`` with the previous
@@ -92,15 +96,21 @@ PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")
 
 
 # ---------------------------------------------------------------------------- client workers
-def _partq_publisher(address: str, ready, go, out, seconds: float) -> None:
+def _partq_publisher(address: str, ready, go, out, seconds: float, many: bool = False) -> None:
+    """``publish_async`` 100 at a time, then waiting for all; with ``many``, ``publish_many`` of
+    100 per request, as the reference server's clients publish."""
     client = partq.connect(address, token=TOKEN)
     ready.release()
     go.wait()
     n, end = 0, time.monotonic() + seconds
     while time.monotonic() < end:
-        pending = [client.publish_async("bench", PAYLOAD, key=f"k{n + i}") for i in range(100)]
-        for p in pending:
-            p.result()
+        if many:
+            client.publish_many("bench", [(PAYLOAD, f"k{n + i}") for i in range(100)])
+        else:
+            pending = [client.publish_async("bench", PAYLOAD, key=f"k{n + i}")
+                       for i in range(100)]
+            for p in pending:
+                p.result()
         n += 100
     out.put(n)
     client.close()
@@ -202,6 +212,7 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
             pub: dict[str, list[float]] = {s.key: [] for s in sides}
             con: dict[str, list[float]] = {s.key: [] for s in sides}
             pub["partq"], con["partq"] = [], []
+            many: list[float] = []      # partq's publish_many, beside the reference's
             for i in range(pairs + 1):            # the first round warms every side
                 for kind, into in (("publish", pub), ("consume", con)):
                     if kind == "publish":
@@ -213,6 +224,10 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
                                            settled(serve.data, q, k))
                     if i:
                         into["partq"].append(rate)
+                    if kind == "publish" and "reference" in names:
+                        rate = run_clients(_partq_publisher, [(serve.address, True)] * n, seconds)
+                        if i:
+                            many.append(rate)
                     for side in run_order:
                         if side.key in failed:
                             continue
@@ -236,6 +251,11 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
                                   version=version))
                     emit(line(mine, "msgs/s", samples["partq"], peer, theirs, target=side.target,
                               digits=3, durability=side.durability, peer_version=version))
+                if side.key == "reference":     # like for like: publish_many on both
+                    emit(line(f"remote_publish_many_100_{n}_clients_vs_reference", "msgs/s",
+                              many, side.pub_line.format(n=n),
+                              failed.get(side.key) or pub[side.key], target=side.target,
+                              digits=3, durability=side.durability, peer_version=side.version))
     finally:
         for side in reversed(sides):
             side.stop()

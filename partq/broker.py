@@ -255,17 +255,22 @@ class Broker(QueueAdmin):
         self._check_writable()
         return self.publisher.publish_many(queue, items, checkpoint, ttl)
 
-    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None) -> Pending:
+    def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None, *,
+                           commit_here: bool = False) -> Pending:
         """``publish_many`` without waiting for the commit: bad input raises here, and the
-        returned ``Pending.result()`` gives the results once the whole batch is durable."""
+        returned ``Pending.result()`` gives the results once the whole batch is durable. With
+        ``commit_here``, when no commit is under way and none is queued, the batch commits in
+        the calling thread before this returns (a caller about to wait anyway saves the hand-off
+        to the writer thread: ``partq serve``'s connections); otherwise it is queued as usual."""
         self._check_writable()
-        return self.publisher.publish_many_async(queue, items, ttl)
+        return self.publisher.publish_many_async(queue, items, ttl, wait=commit_here)
 
-    def publish_each_async(self, queue: str, items: list) -> Pending:
+    def publish_each_async(self, queue: str, items: list, *, commit_here: bool = False) -> Pending:
         """Independent publishes in one transaction (each item's result or its own
-        ``InvalidMessage``); ``partq serve`` coalesces its clients' single publishes with it."""
+        ``InvalidMessage``); ``partq serve`` coalesces its clients' single publishes with it.
+        ``commit_here`` as for ``publish_many_async``."""
         self._check_writable()
-        return self.publisher.publish_each_async(queue, items)
+        return self.publisher.publish_each_async(queue, items, wait=commit_here)
 
     def checkpoint(self, queue: str, name: str) -> int | None:
         """The last position ``publish_many(queue, ..., checkpoint=(name, position))`` stored."""

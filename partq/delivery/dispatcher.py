@@ -66,7 +66,6 @@ class Dispatcher(Timers, FlowService):
         self._peer_queues: dict[str, PeerQueue] = {}    # flows of queues others deliver
         self._changed = threading.Condition()
         self._generation = 0
-        self._config_version = -1          # store version when configs were last compared
         self.polls = 0                     # receive wake-ups that read the logs (diagnostics)
         self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False

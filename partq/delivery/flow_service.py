@@ -33,7 +33,7 @@ class FlowService:
     def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
         raise NotImplementedError
 
-    def _submit_timers(self) -> list[WriteHandle]:
+    def _submit_timers(self, only: QueueDelivery | None = None) -> list[WriteHandle]:
         raise NotImplementedError
 
     def _wait_timers(self, futs: list[WriteHandle]) -> None:
@@ -78,6 +78,10 @@ class FlowService:
         moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
         could make a message deliverable."""
         self.store.check_usable()
+        if timeout <= 0:            # one look (a server's pump): no change to wait for
+            self.polls += 1
+            msgs = collect(max_messages)
+            return msgs if msgs is None or msgs else []
         deadline = time.monotonic() + timeout
         looked_at = None     # (generation, store version) when the logs last had nothing
         while True:
@@ -96,7 +100,7 @@ class FlowService:
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
             qd.check_flow(state)
-            timer_futs = self._submit_timers()
+            timer_futs = self._submit_timers(qd)
             claimed = qd.claimed         # before the snapshot (``owner.check``)
             with self.store.read() as r:
                 owner.check(qd, r, claimed)   # another process took delivery over: nothing here

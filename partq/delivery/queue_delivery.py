@@ -63,6 +63,7 @@ class QueueDelivery(FlowCalls):
         self.claimed = False        # ... resolved
         self.claim_error: Exception | None = None   # ... refused by the store
         self.fenced = False         # another process claimed the queue since: step down
+        self.seen_version = -1      # store version its config, claim, ... were last read at
         self.parts: list[Cursor] = []
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self.cutover = read_cutover(reader, self.qid)  # an online scaling not drained yet

@@ -28,7 +28,6 @@ class Timers:
     clock: Any
     _lock: threading.RLock
     _runtimes: dict[str, QueueDelivery]
-    _config_version: int
     _wake: float | None
     _ticker_stop: threading.Event
     _closed: bool
@@ -58,11 +57,12 @@ class Timers:
         if futs:
             self.notify()
 
-    def _submit_timers(self) -> list[WriteHandle]:
+    def _submit_timers(self, only: QueueDelivery | None = None) -> list[WriteHandle]:
         """Submit the due timers' writes, one write per queue (so that a queue another process
-        took over fails alone)."""
+        took over fails alone): of every queue delivered here, or of ``only`` (a receive looks
+        at its own queue; the ticker at all of them)."""
         futs = []
-        for qd, ops in self._due_timer_ops():
+        for qd, ops in self._due_timer_ops(only):
             fut = self._submit(ops, qd)
             if fut is not None:
                 futs.append(fut)
@@ -100,18 +100,22 @@ class Timers:
                 return True
             return False
 
-    def _due_timer_ops(self) -> list[tuple[QueueDelivery, list]]:
-        """The due timers' writes, per queue delivered here."""
+    def _due_timer_ops(self, only: QueueDelivery | None = None) -> list[tuple[QueueDelivery, list]]:
+        """The due timers' writes, per queue delivered here (or of ``only``). A queue whose
+        stored config, owner claim, cut-over and outside acks were looked at as of the store's
+        version now is not read again."""
         now = self.clock.now()
-        ops: dict[str, list] = {name: [] for name in self._runtimes}
-        if self._runtimes:
+        runtimes = self._runtimes if only is None else {only.name: only}
+        ops: dict[str, list] = {name: [] for name in runtimes}
+        if runtimes:
             version = self.store.version()
-            if version != self._config_version:
-                self._config_version = version
+            stale = [(name, qd) for name, qd in runtimes.items() if qd.seen_version != version]
+            if stale:
                 # claims resolved before the snapshot began: a later one is not in it
-                claimed = {name: qd.claimed for name, qd in self._runtimes.items()}
+                claimed = {name: qd.claimed for name, qd in stale}
                 with self.store.read() as r:
-                    for name, qd in self._runtimes.items():
+                    for name, qd in stale:
+                        qd.seen_version = version   # the snapshot is at least that version
                         if claimed[name] and qd.claim_error is None \
                                 and not owner.holds(r, qd.qid, qd.owner_token):
                             qd.fenced = True
@@ -119,14 +123,14 @@ class Timers:
                         ops[name] += qd.config_ops(r, now)
                         ops[name] += qd.cutover_ops(r)      # acks moved: an online scaling done?
                         ops[name] += qd.take_outside_acks(r, now)
-        for name, qd in self._runtimes.items():
+        for name, qd in runtimes.items():
             if qd.fenced:
                 continue
             deadline = qd.core.next_deadline()
             if deadline is not None and deadline <= now:
                 ops[name] += qd.tick(now)
             ops[name] += qd.unbind_hung(now)
-        return [(self._runtimes[name], qops) for name, qops in ops.items() if qops]
+        return [(runtimes[name], qops) for name, qops in ops.items() if qops]
 
     def _tick_loop(self) -> None:
         """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since

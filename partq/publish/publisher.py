@@ -141,7 +141,7 @@ class Publisher:
             return quota.placed_or_refused(self, w, queue, encoded)
         return Pending(quota.RaisesRefusal(self.store.submit(op, wait)))
 
-    def publish_each_async(self, queue: str, items: list) -> Pending:
+    def publish_each_async(self, queue: str, items: list, wait: bool = False) -> Pending:
         """Publish independent messages in one transaction: each item's result, or the
         ``InvalidMessage`` or ``QueueFull`` that refused it alone (``result()`` gives one entry per
         item). A server coalesces its clients' single publishes this way."""
@@ -162,7 +162,7 @@ class Publisher:
             for (i, _), result in zip(encoded, results, strict=True):
                 out[i] = result
             return out
-        return Pending(self.store.submit(op))
+        return Pending(self.store.submit(op, wait))
 
     def publish_many(self, queue: str, items: Iterable, checkpoint: tuple[str, int] | None = None,
                      ttl: float | None = None) -> list[PublishResult]:

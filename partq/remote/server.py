@@ -200,13 +200,14 @@ class Session:
                         "op": "published", "req": req,
                         "results": [[r.partition, r.seq, r.discarded]]}))
                     return
-                pending = self.broker.publish_many_async(queue, items)
+                pending = self.broker.publish_many_async(queue, items, commit_here=True)
                 self._when_durable((req, pending, lambda results: {
                     "op": "published", "req": req,
                     "results": [[r.partition, r.seq, r.discarded] for r in results]}))
             elif op == "publish_each":
                 items = [tuple(item) for item in frame.get("items", [])]
-                each = self.broker.publish_each_async(str(frame.get("queue")), items)
+                each = self.broker.publish_each_async(str(frame.get("queue")), items,
+                                                      commit_here=True)
                 self._when_durable((req, each, lambda results: {
                     "op": "published", "req": req,
                     "results": [r.to_frame() if isinstance(r, PartqError)
@@ -215,7 +216,7 @@ class Session:
                 self._bind(req, frame)
             elif op == "ack":
                 pump = self._pump(frame)
-                msgs = [pump.message(p, s) for p, s in frame.get("ids", [])]
+                msgs = pump.messages(frame.get("ids", []))
                 pending = pump.flow.ack_many_async(msgs)
                 self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op == "ack_through":
@@ -223,12 +224,13 @@ class Session:
                                                             int(frame["seq"]))
                 self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op in ("nack", "reject"):
-                p, s = frame["id"]
+                pump = self._pump(frame)
+                msg = pump.messages([frame.get("id")])[0]
                 delay = frame.get("delay")
                 if delay is not None and (isinstance(delay, bool)
                                           or not isinstance(delay, (int, float))):
                     raise FrameError(f"a nack's delay must be a number, not {delay!r}")
-                self._pump(frame).nack(req, p, s, delay, reject=op == "reject")
+                pump.nack(req, msg, delay, reject=op == "reject")
                 self.broker.dispatcher.notify()     # wake the pump thread to apply it
             elif op == "unbind":
                 leaving = self.flows.pop(str(frame.get("flow")), None)

@@ -403,3 +403,19 @@ def test_publish_async_keeps_order_shares_commits_and_reports_each_result(open_b
     b = open_broker()
     got = drain(b.bind("q"))
     assert sorted(m.payload for m in got) == sorted(b"m%d" % i for i in range(200))
+
+
+def test_commit_here_commits_a_batch_before_it_returns_when_the_writer_is_idle(tmp_path):
+    """``partq serve`` publishes with ``commit_here``: when the writer is idle the connection's
+    thread commits the batch itself, durable when the call returns; without it the batch goes
+    to the writer thread."""
+    with partq.Broker.open(tmp_path / "data") as broker:
+        broker.create_queue("q", partitions=2)
+        many = broker.publish_many_async("q", [b"a", b"b"], commit_here=True)
+        assert many.done()
+        each = broker.publish_each_async("q", [(b"c", None, None)], commit_here=True)
+        assert each.done()
+        assert len(many.result()) == 2 and len(each.result()) == 1
+        broker.publish_many_async("q", [b"d"]).result()
+        flow = broker.bind("q")
+        assert sorted(m.payload for m in drain(flow)) == [b"a", b"b", b"c", b"d"]
