@@ -85,11 +85,13 @@ class FlowEndpoint(Protocol):
         ``Flow.receive`` checked both arguments. Raises ``FlowClosed`` once unbound,
         ``CorruptRecord``."""
 
-    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
+    def ack_async(self, msgs: Iterable[Message], commit_here: bool = False) -> WriteHandle | None:
         """Ack ``msgs`` in one write, taken whole or not at all: acked messages are never
         delivered again, at once. Returns the write's handle, whose ``result()`` returns once
         it is durable, or None when there was nothing to write (all acked already). Raises
-        ``FlowFenced``, ``InvalidAck`` (from here or from ``result()``, see above)."""
+        ``FlowFenced``, ``InvalidAck`` (from here or from ``result()``, see above).
+        ``commit_here``: the caller is about to wait for the write; an endpoint whose process
+        writes it may commit it in the calling thread when no commit is under way."""
 
     def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
         """Ack every message of ``partition`` up to ``seq``, delivered or not; a handle like
@@ -248,15 +250,18 @@ class Flow:
 
     def ack_many(self, msgs: Iterable[Message]) -> None:
         """Acknowledge messages in one commit; durable when this returns."""
-        self.ack_many_async(msgs).result()
+        self.ack_many_async(msgs, commit_here=True).result()
 
-    def ack_many_async(self, msgs: Iterable[Message]) -> Pending:
+    def ack_many_async(self, msgs: Iterable[Message], *, commit_here: bool = False) -> Pending:
         """Acknowledge messages in one commit without waiting for it: the acks take effect for
         delivery at once (nothing acked is delivered again), and are durable once the returned
         ``Pending.result()`` returns. A consumer can receive and process its next batch while
         the previous batch's acks are committed; until ``result()`` returns, a crash may bring
-        those messages back (redelivered), as for an ack not yet made."""
-        return Pending(self._endpoint.ack_async(msgs))
+        those messages back (redelivered), as for an ack not yet made. ``commit_here``: the
+        caller waits for the result at once (``ack_many`` does): when no commit is under way
+        the acks commit in the calling thread before this returns, saving the hand-off to the
+        writer thread and back."""
+        return Pending(self._endpoint.ack_async(msgs, commit_here))
 
     def ack_through(self, partition: int, seq: int) -> Pending:
         """Acknowledge every message of ``partition`` (one this flow holds) up to ``seq``, in

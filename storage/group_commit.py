@@ -151,12 +151,25 @@ class GroupCommitWriter:
         and nothing is queued, commit ``op`` in the calling thread (a lone writer saves the
         hand-off to the writer thread and back); otherwise queue it for the next shared commit.
         Returns its handle, resolved when committed here."""
-        pending = Pending(op)
+        if self.claim():
+            return self.commit_claimed(op)
+        return self.submit(op)
+
+    def claim(self) -> bool:
+        """Reserve the next commit for the calling thread: True when no commit is under way
+        and nothing is queued. What is submitted meanwhile queues behind it, so a caller that
+        must order its write under a lock of its own can claim under that lock and commit
+        after leaving it. Every True must be followed by ``commit_claimed``."""
         with self._cond:
             if self._busy or self._pending or self._stopping:
-                self._queue(pending)
-                return pending
+                return False
             self._busy = True
+            return True
+
+    def commit_claimed(self, op: Callable[[Writer], object]) -> Pending:
+        """Commit ``op`` in the calling thread, which holds the claim (``claim``); returns its
+        handle, resolved. The claim ends here, whatever the commit did."""
+        pending = Pending(op)
         try:
             self._commit([pending])
         finally:

@@ -252,6 +252,19 @@ class Store(CommitHooks):
             self._make_writable()
         return self._writer.write_now(op) if wait else self._writer.submit(op)
 
+    def claim_commit(self) -> bool:
+        """``GroupCommitWriter.claim``: True when the calling thread may commit next itself
+        (``commit_claimed``), what others submit meanwhile queueing behind it."""
+        self.check_usable()
+        self.check_writable()
+        if self._env_readonly:
+            self._make_writable()
+        return self._writer.claim()
+
+    def commit_claimed(self, op: Callable[[Writer], T]):
+        """Commit ``op`` in the calling thread, which claimed the commit (``claim_commit``)."""
+        return self._writer.commit_claimed(op)
+
     def write(self, op: Callable[[Writer], T]) -> T:
         """Run ``op`` in a write transaction shared with concurrent writers; return after commit."""
         return self.submit(op, wait=True).result()

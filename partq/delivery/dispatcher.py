@@ -321,13 +321,19 @@ class Dispatcher(Timers, FlowService):
         """Queue ``ops`` as one write (call under the lock to keep their order); ``qd``: they
         are writes of that queue's delivery, refused once another process claimed it
         (``owner.guard``)."""
+        op = self._one_op(ops, qd)
+        return None if op is None else self.store.submit(op)
+
+    @staticmethod
+    def _one_op(ops: list, qd: QueueDelivery | None = None) -> Callable | None:
+        """``ops`` as one write (None for none), guarded as ``_submit`` says."""
         if not ops:
             return None
         if qd is not None:
             ops = [owner.guard(qd), *ops]
         if len(ops) == 1:
-            return self.store.submit(ops[0])
-        return self.store.submit(lambda w: [op(w) for op in ops])
+            return ops[0]
+        return lambda w: [op(w) for op in ops]
 
     def _commit_and_notify(self, fut) -> None:
         """Wait for a commit (never under the lock), then wake receivers: delivery state

@@ -33,7 +33,11 @@ class FlowService:
     def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
         raise NotImplementedError
 
-    def _submit_timers(self, only: QueueDelivery | None = None) -> list[WriteHandle]:
+    @staticmethod
+    def _one_op(ops: list, qd: QueueDelivery | None = None) -> Callable | None:
+        raise NotImplementedError
+
+    def _queue_timer_ops(self, qd: QueueDelivery, r, claimed: bool) -> list:
         raise NotImplementedError
 
     def _wait_timers(self, futs: list[WriteHandle]) -> None:
@@ -100,18 +104,18 @@ class FlowService:
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
             qd.check_flow(state)
-            timer_futs = self._submit_timers(qd)
             claimed = qd.claimed         # before the snapshot (``owner.check``)
             with self.store.read() as r:
                 owner.check(qd, r, claimed)   # another process took delivery over: nothing here
+                timer_fut = self._submit(self._queue_timer_ops(qd, r, claimed), qd)
                 msgs, handout = qd.collect(state, max_messages, r, self.clock.now(),
                                            self.clock.wall_ns())
             seen: dict[int, int] = {}     # marks another process wrote since the read
             fut = self._submit(qd.collect_ops(handout, seen), qd)
         if handout.wake is not None:
             self.wake_at(handout.wake)
-        if timer_futs:
-            self._wait_timers(timer_futs)
+        if timer_fut is not None:
+            self._wait_timers([timer_fut])
             self.notify()
         if fut is not None:
             try:
@@ -126,12 +130,23 @@ class FlowService:
                     msgs = qd.flag_concurrent(msgs, seen)
         return msgs
 
-    def ack_async(self, qd: QueueDelivery, state: FlowState,
-                  msgs: Iterable[Message]) -> WriteHandle | None:
+    def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message],
+                  commit_here: bool = False) -> WriteHandle | None:
+        """``commit_here``: the caller waits for the acks; when the writer is idle they commit
+        in the calling thread, after the lock is left (the claim, taken under it, keeps them
+        in order with every later write)."""
         state.poll.touch(self.clock.now())
+        claimed = None
         with self._lock:
             with self.store.read() as r:
-                fut = self._submit(qd.ack(state, msgs, self.clock.now(), r), qd)
+                ops = qd.ack(state, msgs, self.clock.now(), r)
+            if commit_here and ops and self.store.claim_commit():
+                claimed = self._one_op(ops, qd)
+                fut = None
+            else:
+                fut = self._submit(ops, qd)
+        if claimed is not None:
+            fut = self.store.commit_claimed(claimed)
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
         self.notify()     # credit came back; a paused partition may have drained

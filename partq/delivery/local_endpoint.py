@@ -22,8 +22,8 @@ class FlowDelivery(Protocol):
     def receive(self, qd: QueueDelivery, state: FlowState, max_messages: int,
                 timeout: float) -> list[Message]: ...
 
-    def ack_async(self, qd: QueueDelivery, state: FlowState,
-                  msgs: Iterable[Message]) -> WriteHandle | None: ...
+    def ack_async(self, qd: QueueDelivery, state: FlowState, msgs: Iterable[Message],
+                  commit_here: bool = False) -> WriteHandle | None: ...
 
     def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
                     seq: int) -> WriteHandle | None: ...
@@ -56,8 +56,8 @@ class LocalEndpoint:
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
         return self._delivery.receive(self._qd, self._state, max_messages, timeout)
 
-    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
-        return self._delivery.ack_async(self._qd, self._state, msgs)
+    def ack_async(self, msgs: Iterable[Message], commit_here: bool = False) -> WriteHandle | None:
+        return self._delivery.ack_async(self._qd, self._state, msgs, commit_here)
 
     def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
         return self._delivery.ack_through(self._qd, self._state, partition, seq)

@@ -57,12 +57,11 @@ class Timers:
         if futs:
             self.notify()
 
-    def _submit_timers(self, only: QueueDelivery | None = None) -> list[WriteHandle]:
-        """Submit the due timers' writes, one write per queue (so that a queue another process
-        took over fails alone): of every queue delivered here, or of ``only`` (a receive looks
-        at its own queue; the ticker at all of them)."""
+    def _submit_timers(self) -> list[WriteHandle]:
+        """Submit the due timers' writes of every queue delivered here, one write per queue
+        (so that a queue another process took over fails alone)."""
         futs = []
-        for qd, ops in self._due_timer_ops(only):
+        for qd, ops in self._due_timer_ops():
             fut = self._submit(ops, qd)
             if fut is not None:
                 futs.append(fut)
@@ -100,37 +99,42 @@ class Timers:
                 return True
             return False
 
-    def _due_timer_ops(self, only: QueueDelivery | None = None) -> list[tuple[QueueDelivery, list]]:
-        """The due timers' writes, per queue delivered here (or of ``only``). A queue whose
-        stored config, owner claim, cut-over and outside acks were looked at as of the store's
-        version now is not read again."""
+    def _due_timer_ops(self) -> list[tuple[QueueDelivery, list]]:
+        """The due timers' writes, per queue delivered here."""
+        out = []
+        if self._runtimes:
+            # claims resolved before the snapshot began: a later one is not in it
+            claimed = {name: qd.claimed for name, qd in self._runtimes.items()}
+            with self.store.read() as r:
+                for name, qd in self._runtimes.items():
+                    ops = self._queue_timer_ops(qd, r, claimed[name])
+                    if ops:
+                        out.append((qd, ops))
+        return out
+
+    def _queue_timer_ops(self, qd: QueueDelivery, r, claimed: bool) -> list:
+        """Under the lock, in snapshot ``r`` (``claimed``: ``qd.claimed`` before it began): the
+        writes of ``qd``'s due timers, and what its stored config, owner claim, cut-over and
+        outside acks ask for when the store changed since they were last read (a receive
+        looks at its own queue in its own snapshot; the ticker at every queue)."""
         now = self.clock.now()
-        runtimes = self._runtimes if only is None else {only.name: only}
-        ops: dict[str, list] = {name: [] for name in runtimes}
-        if runtimes:
-            version = self.store.version()
-            stale = [(name, qd) for name, qd in runtimes.items() if qd.seen_version != version]
-            if stale:
-                # claims resolved before the snapshot began: a later one is not in it
-                claimed = {name: qd.claimed for name, qd in stale}
-                with self.store.read() as r:
-                    for name, qd in stale:
-                        qd.seen_version = version   # the snapshot is at least that version
-                        if claimed[name] and qd.claim_error is None \
-                                and not owner.holds(r, qd.qid, qd.owner_token):
-                            qd.fenced = True
-                            continue
-                        ops[name] += qd.config_ops(r, now)
-                        ops[name] += qd.cutover_ops(r)      # acks moved: an online scaling done?
-                        ops[name] += qd.take_outside_acks(r, now)
-        for name, qd in runtimes.items():
-            if qd.fenced:
-                continue
-            deadline = qd.core.next_deadline()
-            if deadline is not None and deadline <= now:
-                ops[name] += qd.tick(now)
-            ops[name] += qd.unbind_hung(now)
-        return [(runtimes[name], qops) for name, qops in ops.items() if qops]
+        ops: list = []
+        version = r.version()
+        if qd.seen_version != version:
+            qd.seen_version = version
+            if claimed and qd.claim_error is None and not owner.holds(r, qd.qid, qd.owner_token):
+                qd.fenced = True
+                return ops
+            ops += qd.config_ops(r, now)
+            ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
+            ops += qd.take_outside_acks(r, now)
+        if qd.fenced:
+            return ops
+        deadline = qd.core.next_deadline()
+        if deadline is not None and deadline <= now:
+            ops += qd.tick(now)
+        ops += qd.unbind_hung(now)
+        return ops
 
     def _tick_loop(self) -> None:
         """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since

@@ -240,7 +240,8 @@ class RemoteEndpoint:
         if self._reason is not None:
             raise fenced_error(self.queue, self, msgs, verb)
 
-    def ack_async(self, msgs: Iterable[Message]) -> RemotePending | AllOf:
+    def ack_async(self, msgs: Iterable[Message], commit_here: bool = False) -> RemotePending | AllOf:
+        """``commit_here`` means nothing here: the server commits."""
         self._poll.touch(time.monotonic())
         msgs = list(msgs)
         self._refuse(msgs, "acked")

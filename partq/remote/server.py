@@ -217,7 +217,7 @@ class Session:
             elif op == "ack":
                 pump = self._pump(frame)
                 msgs = pump.messages(frame.get("ids", []))
-                pending = pump.flow.ack_many_async(msgs)
+                pending = pump.flow.ack_many_async(msgs, commit_here=True)
                 self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op == "ack_through":
                 pending = self._pump(frame).flow.ack_through(int(frame["partition"]),

@@ -25,7 +25,8 @@ CLIENTS = (1, 4)
 def names(side: str) -> set[str]:
     """The lines of one side: partq serve beside it, and the reference's own figures."""
     own = {"reference": ("reference_publish_pipelined_100_{n}_clients",
-                         "reference_consume_ack_100_{n}_clients")}.get(side, ())
+                         "reference_consume_ack_100_{n}_clients",
+                         "remote_publish_many_100_{n}_clients_vs_reference")}.get(side, ())
     return {template.format(n=n) for n in CLIENTS for template in (
         f"remote_publish_pipelined_100_{{n}}_clients_vs_{side}",
         f"remote_consume_ack_100_{{n}}_clients_vs_{side}", *own)}
@@ -75,7 +76,8 @@ def test_reference_lines_and_a_missing_server_says_why(tmp_path):
         assert row.get("skipped") is None and row["value"] > 0, row
         assert row["durability"].startswith("equal"), row
         if name.startswith("remote_"):
-            assert row["peer"] == name.replace("remote_", "reference_").replace("_vs_reference", "")
+            assert row["peer"] == name.replace("remote_", "reference_").replace(
+                "_vs_reference", "").replace("publish_many", "publish_pipelined")
             assert row["target"] == 0.95 and row["ratio"] > 0 and row["pairs"] == 1, row
     for name in names("nats"):
         row = lines[name]

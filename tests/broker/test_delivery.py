@@ -419,3 +419,19 @@ def test_commit_here_commits_a_batch_before_it_returns_when_the_writer_is_idle(t
         broker.publish_many_async("q", [b"d"]).result()
         flow = broker.bind("q")
         assert sorted(m.payload for m in drain(flow)) == [b"a", b"b", b"c", b"d"]
+
+
+def test_ack_many_commits_in_the_callers_thread_when_the_writer_is_idle(tmp_path):
+    """``ack_many`` (``ack_many_async(commit_here=True)``) finding the writer idle commits the
+    acks before it returns; durable across a reopen."""
+    data = tmp_path / "data"
+    with partq.Broker.open(data) as broker:
+        broker.create_queue("q", partitions=1)
+        broker.publish_many("q", [b"a", b"b", b"c"])
+        flow = broker.bind("q")
+        msgs = flow.receive(3, timeout=5)
+        done = flow.ack_many_async(msgs[:2], commit_here=True)
+        assert done.done()
+        flow.ack_many(msgs[2:])
+    with partq.Broker.open(data) as broker:
+        assert broker.queue_status("q").partitions[0].depth == 0

@@ -152,3 +152,29 @@ def test_a_lone_synchronous_write_commits_in_its_callers_thread(tmp_path, opened
     caller.join(30)
     assert done and committed_in[-1] not in (caller, threading.current_thread())
     assert payloads_of(store, qid, 0) == {0: b"alone", 1: b"queued"}
+
+
+def test_a_claimed_commit_goes_before_every_write_submitted_after_the_claim(tmp_path, opened):
+    """A caller that must order its write under a lock of its own (the dispatcher's acks)
+    claims the next commit under that lock and commits after leaving it: what others submit
+    meanwhile queues behind it, and no second claim is granted until it committed."""
+    store = opened(tmp_path / "d", durability="sync")
+    make_queue(store)
+    order: list[str] = []
+    assert store.claim_commit()
+    assert not store.claim_commit()                 # one claim at a time
+    later = store.submit(lambda w: order.append("submitted after the claim"))
+    queued = threading.Event()
+    waiter = threading.Thread(target=lambda: (queued.set(),
+                                              store.write(lambda w: order.append("written"))))
+    waiter.start()
+    assert queued.wait(30)
+    wait_until(lambda: len(store._writer._pending) == 2, 30, "both writes queued")
+    assert order == []                              # nothing commits ahead of the claim
+    claimed = store.commit_claimed(lambda w: order.append("claimed"))
+    assert claimed.done()
+    later.result()
+    waiter.join(30)
+    assert order == ["claimed", "submitted after the claim", "written"]
+    assert store.claim_commit()                     # idle again
+    store.commit_claimed(lambda w: None).result()

@@ -44,8 +44,10 @@ class PeerAcks:
     def _paused(flow: PeerFlow, assignment: Assignment) -> list[int]:
         raise NotImplementedError
 
-    def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None:
-        """Apply acks in memory and queue their write, fenced in the write transaction.
+    def ack(self, flow: PeerFlow, msgs: list[Message],
+            commit_here: bool = False) -> WriteHandle | None:
+        """Apply acks in memory and queue their write, fenced in the write transaction
+        (``commit_here``: the caller waits; an idle writer means this thread commits).
 
         The assignment is read again first, so an ack of a partition that moved since the last
         receive is fenced before anything changes. If it moves between that read and the
@@ -77,7 +79,7 @@ class PeerAcks:
             for sp, seqs in by_sp.items():
                 w.ack(qid, sp, seqs)
             self._settle_op(w, [(flow, *s) for s in handing_off])
-        return self._submit_reported(flow, op)
+        return self._submit_reported(flow, op, commit_here)
 
     def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
         """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""
@@ -97,9 +99,10 @@ class PeerAcks:
             w.ack_through(qid, sp, seq)
         return self._submit_reported(flow, op)
 
-    def _submit_reported(self, flow: PeerFlow, op) -> WriteHandle:
-        """Queue ``op``; once it commits the owner hears what ``flow`` still holds unacked."""
-        pending = self.store.submit(op)
+    def _submit_reported(self, flow: PeerFlow, op, commit_here: bool = False) -> WriteHandle:
+        """Queue ``op`` (or commit it here: ``Store.submit``'s ``wait``); once it commits the
+        owner hears what ``flow`` still holds unacked."""
+        pending = self.store.submit(op, commit_here)
         with self.lock:
             self._reports.append((pending, flow))
         self.dispatcher.notify()

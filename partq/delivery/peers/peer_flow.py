@@ -37,7 +37,8 @@ class PeerGroup(Protocol):
         """Messages for ``flow``, waiting as ``FlowEndpoint.receive`` does; None when the flow
         was handed over to this process's own delivery meanwhile (ask that instead)."""
 
-    def ack(self, flow: PeerFlow, msgs: list[Message]) -> WriteHandle | None: ...
+    def ack(self, flow: PeerFlow, msgs: list[Message],
+            commit_here: bool = False) -> WriteHandle | None: ...
 
     def ack_through(self, flow: PeerFlow, partition: int, seq: int) -> WriteHandle | None: ...
 
@@ -92,11 +93,11 @@ class PeerFlow:
             if msgs is not None:
                 return msgs
 
-    def ack_async(self, msgs: Iterable[Message]) -> WriteHandle | None:
+    def ack_async(self, msgs: Iterable[Message], commit_here: bool = False) -> WriteHandle | None:
         local = self._local
         if local is not None:
-            return local.ack_async(msgs)
-        return self._group.ack(self, list(msgs))
+            return local.ack_async(msgs, commit_here)
+        return self._group.ack(self, list(msgs), commit_here)
 
     def ack_through(self, partition: int, seq: int) -> WriteHandle | None:
         local = self._local
