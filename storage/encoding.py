@@ -210,6 +210,9 @@ def _damage(raw: bytes) -> str:
     return "record fields have the wrong types"
 
 
+DELAYS_KEPT = 10_000     # nack delays an AckState keeps per partition
+
+
 @dataclass(slots=True)
 class AckState:
     """Durable consumer state of one partition (vocabulary borrowed from nats' ConsumerStore).
@@ -234,17 +237,38 @@ class AckState:
     # seq in (counted, delivered_mark]: after a crash, more than were really delivered (at most
     # one per message), never fewer.
     counted: int = -1
+    # seq -> wall-clock ns before which it is not delivered again: a nack's delay (rule
+    # `retry-delay`), so that it holds across a restart or a move to another process. Unacked
+    # seqs only; at most ``DELAYS_KEPT`` (those ending first go). A sixth item when not empty.
+    delays: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> bytes:
-        failures = self.failures
-        if failures:
-            floor, above = self.floor, self.above
-            for seq in [s for s in failures if s < floor or s in above]:
-                del failures[seq]
+        failures, delays = self.failures, self.delays
+        floor, above = self.floor, self.above
+        for kept in (failures, delays):
+            if kept:
+                for seq in [s for s in kept if s < floor or s in above]:
+                    del kept[seq]
+        head = (self.floor, sorted(self.above), self.delivered_mark)
+        if delays:
+            return msgpack.packb((*head, sorted(failures.items()), self.counted,
+                                  sorted(delays.items())))
         if failures or self.counted >= 0:
-            return msgpack.packb((self.floor, sorted(self.above), self.delivered_mark,
-                                  sorted(failures.items()), self.counted))
-        return msgpack.packb((self.floor, sorted(self.above), self.delivered_mark))
+            return msgpack.packb((*head, sorted(failures.items()), self.counted))
+        return msgpack.packb(head)
+
+    def delay(self, seqs: list[tuple[int, int]]) -> bool:
+        """Keep ``(seq, not_before_ns)`` for unacked seqs (a later end replaces an earlier
+        one); past ``DELAYS_KEPT`` those ending first go. True when anything changed."""
+        delays, changed = self.delays, False
+        for seq, until in seqs:
+            if until > delays.get(seq, 0) and not self.is_acked(seq):
+                delays[seq] = until
+                changed = True
+        if len(delays) > DELAYS_KEPT:
+            for seq, _ in sorted(delays.items(), key=lambda kv: kv[1])[:len(delays) - DELAYS_KEPT]:
+                del delays[seq]
+        return changed
 
     @classmethod
     def decode(cls, raw: bytes | None, where: str) -> AckState:
@@ -255,7 +279,8 @@ class AckState:
             floor, above, mark = fields[:3]
             failures = {int(s): int(n) for s, n in fields[3]} if len(fields) > 3 else {}
             counted = int(fields[4]) if len(fields) > 4 else -1
-            return cls(int(floor), set(above), int(mark), failures, counted)
+            delays = {int(s): int(t) for s, t in fields[5]} if len(fields) > 5 else {}
+            return cls(int(floor), set(above), int(mark), failures, counted, delays)
         except Exception:
             raise CorruptStore(f"ack state of {where} is damaged; restore from a DR-standby or "
                                f"backup") from None

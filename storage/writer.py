@@ -303,6 +303,16 @@ class Writer(Reader):
             self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
             self._change("failures", qid, partition, [list(c) for c in counts])
 
+    def set_delays(self, qid: int, partition: int, delays: list[tuple[int, int]]) -> None:
+        """Record nack delays, ``(seq, not_before_ns)`` pairs (``AckState.delay``): a message is
+        not delivered again before then, by any process, after a restart too."""
+        if not delays or not self.has_partition(qid, partition):
+            return
+        state = self.ack_state(qid, partition)
+        if state.delay(delays):
+            self._txn.put(partition_key(qid, partition), state.encode(), db=self._dbs["acks"])
+            self._change("delays", qid, partition, [list(d) for d in delays])
+
     def hand_out(self, qid: int, partition: int, mark: int, counts: list[tuple[int, int]]) -> int:
         """What must be durable before messages of a partition are handed out: the delivered
         mark raised to ``mark`` (never lowered), the delivery counts ``counts`` (as
@@ -406,7 +416,7 @@ class Writer(Reader):
 _APPLIED = {"ack": "ack", "ack_through": "ack_through", "put_queue": "put_queue",
             "delete_queue": "delete_queue",
             "put_state": "put_state", "delivered_mark": "set_delivered_mark", "failures": "set_failures",
-            "hand_out": "hand_out", "settle": "settle",
+            "delays": "set_delays", "hand_out": "hand_out", "settle": "settle",
             "init_partition": "init_partition", "drop_partition": "drop_partition",
             "meta": "put_meta", "queue_meta": "put_queue_meta"}
 

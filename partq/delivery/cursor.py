@@ -11,7 +11,9 @@ Per partition a cursor keeps:
 * ``high``: the highest sequence actually delivered in this run;
 * ``suspect``: seqs an earlier holder may have delivered without counting it (it crashed, or
   held the partition in another process): each counts one lost delivery when handed out again;
-* ``wait_until``: a nack with a delay holds the partition until then (rule `retry-delay`);
+* ``wait_until``: a nack with a delay holds the partition until then (rule `retry-delay`); a
+  delay that outlived the process that nacked (``AckState.delays``) holds it too once the loop
+  reaches its message;
 * ``dead``: the seqs it decided are dead (the last ``RECENT_DEAD``), from the moment it decided,
   before the kill commits: an ack of one is refused (``dead_letter``).
 
@@ -159,7 +161,7 @@ class Cursor:
             batch = reader.records(qid, p, self.next, want - len(out) + 8, self.chunk)
             if not batch:
                 break
-            floor, above = ack.floor, ack.above
+            floor, above, delays = ack.floor, ack.above, ack.delays
             for seq, raw in batch:
                 if len(out) >= want:
                     break
@@ -168,6 +170,11 @@ class Cursor:
                     if self.suspect_from == seq:
                         self.suspect_from = seq + 1    # passed: nothing left to count there
                     continue
+                if delays and delays.get(seq, 0) > now_ns:
+                    self.next = seq           # a nack's delay from before a restart or a move
+                    self.wait_until = handout.now + (delays[seq] - now_ns) / 1e9
+                    handout.wake_at(self.wait_until)
+                    break
                 fields = record_fields(raw)
                 if fields is None:
                     exc = corruption(raw, queue, p, seq)
@@ -208,7 +215,7 @@ class Cursor:
                 inflight[seq] = fid
             if out and out[-1].partition == p and out[-1].seq > self.high:
                 self.high = out[-1].seq
-            if self.error is not None or self.held_by is not None:
+            if self.error is not None or self.held_by is not None or self.wait_until:
                 break
 
     def hand(self, seq: int, fields: list, flow, handout: Handout, out: list[Message],

@@ -318,15 +318,16 @@ class FlowCalls:
             if slot in self.core.handoffs else []
         return ops + self._run(actions, now)
 
-    def nack(self, flow, msg: Message, now: float,
-             delay: float | None = None) -> tuple[list, list[int]]:
+    def nack(self, flow, msg: Message, now: float, delay: float | None = None,
+             now_ns: int = 0) -> tuple[list, list[int]]:
         """Give ``msg`` back: it and every later in-flight message of its partition are delivered
         again, in order, marked redelivered (rule `partition-order` holds across nacks); only
         ``msg`` counts a failed delivery. The partition waits ``delay`` seconds first (None: the
         queue's redelivery delay rule). A nack during a handoff counts like an ack towards it:
         the old flow no longer holds the message. Under ``ordering="key"`` only ``msg``'s key
-        comes back and waits (``key_order``). Returns the writes to submit and the seqs given
-        back."""
+        comes back and waits (``key_order``). The delay is durable (``Writer.set_delays``,
+        ending ``now_ns`` + delay on the wall clock): it holds across a restart and a move to
+        another process. Returns the writes to submit and the seqs given back."""
         ps, slot = self._held_part(flow, msg, "nacked")
         if ps is None:
             return [], []
@@ -338,6 +339,8 @@ class FlowCalls:
             return [], []
         flow.inflight -= len(back)
         ops = [self._failures_op(ps, ps.count_lost([msg.seq]))]
+        if delay > 0:
+            ops.append(delays_op(self.qid, ps.sp, msg.seq, now_ns, delay))
         if slot in self.core.handoffs:
             ops += self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return ops, back
@@ -375,3 +378,9 @@ class FlowCalls:
         if flow.closed_reason is not None:
             raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"
                              f"{': ' + flow.closed_reason if flow.closed_reason else ''}; bind again")
+
+
+def delays_op(qid: int, sp: int, seq: int, now_ns: int, delay: float) -> Callable:
+    """The write that keeps a nack's delay of ``seq`` durable (``Writer.set_delays``)."""
+    until = now_ns + int(delay * 1e9)
+    return lambda w: w.set_delays(qid, sp, [(seq, until)])

@@ -166,7 +166,7 @@ class FlowService:
              delay: float | None = None) -> list[int]:
         state.poll.touch(self.clock.now())
         with self._lock:
-            ops, back = qd.nack(state, msg, self.clock.now(), delay)
+            ops, back = qd.nack(state, msg, self.clock.now(), delay, self.clock.wall_ns())
             fut = self._submit(ops, qd)
             wake = qd.next_wake()
         if wake is not None:

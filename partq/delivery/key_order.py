@@ -17,7 +17,8 @@ not as failed), and only that key waits:
 * ``again``: seqs given back by a nack: marked redelivered when they go out again.
 * ``waits``: the nack delays of pending messages when delivery went back to the ack floor (the
   partition moved to another flow): when the scan reaches such a message again it waits out the
-  rest of its delay, and so does its key.
+  rest of its delay, and so does its key. The same for a delay the durable ack state holds
+  (``AckState.delays``): one written before a restart, or by a flow of another process.
 
 Memory: ``pending`` holds at most ``PENDING_LIMIT`` seqs; past that delivery of the partition
 stops moving forward (it waits as under ``"partition"``) until entries went out. Keys are kept
@@ -143,6 +144,7 @@ def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list
         if fields is None:
             continue                # gone or damaged: the forward scan met it, and says so
         cursor.hand(seq, fields, flow, handout, out, suspect)
+    delays = cursor.ack.delays
     while len(out) < want and not ko.full() and cursor.error is None:
         batch = reader.records(qid, p, cursor.next, want - len(out) + 8, cursor.chunk)
         if not batch:
@@ -166,6 +168,11 @@ def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list
                 cursor.suspect_from = seq + 1
             if ko.waits and (not_before := ko.waits.pop(seq, 0.0)) > handout.now:
                 ko.hold(seq, key, suspect, not_before)      # a nack's delay from before a move
+                handout.wake_at(not_before)
+                continue
+            if delays and (until := delays.get(seq, 0)) > handout.now_ns:
+                not_before = handout.now + (until - handout.now_ns) / 1e9
+                ko.hold(seq, key, suspect, not_before)      # ... or a restart (durable)
                 handout.wake_at(not_before)
                 continue
             held = key is not None and (key in ko.held or key in gated)

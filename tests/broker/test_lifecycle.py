@@ -110,6 +110,37 @@ def test_a_nack_with_a_delay_holds_its_partition_until_the_delay_passed(broker, 
     assert [m.payload for m in flow.receive(2)] == [b"a", b"b"]
 
 
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_a_nack_delay_holds_across_a_restart(open_broker, clock, ordering):
+    """The delay is durable: a broker that restarts (a deploy) does not send the nacked message
+    again before its delay ends. Under "partition" the partition waits at it; under "key" only
+    its key does."""
+    broker = open_broker()
+    setup(broker, ordering=ordering)
+    broker.publish_many("jobs", [(b"a1", "a"), (b"b1", "b"), (b"a2", "a")])
+    flow = broker.bind("jobs")
+    a1, b1, a2 = flow.receive(3)
+    flow.ack(b1)
+    flow.nack(a1, delay=60.0)               # "key": a1 and a2 come back and wait
+    if ordering == "partition":
+        assert flow.receive(3) == []        # a1 and everything after it wait
+    broker.close()
+    clock.advance(30)
+    broker = open_broker()
+    broker.publish("jobs", b"b2", key="b")
+    flow = broker.bind("jobs")
+    early = [m.payload for m in flow.receive(10, timeout=0)]
+    assert early == ([] if ordering == "partition" else [b"b2"])
+    clock.advance(29.9)
+    assert flow.receive(10, timeout=0) == []
+    clock.advance(0.2)
+    late = flow.receive(10, timeout=0)
+    assert [m.payload for m in late] == \
+        ([b"a1", b"a2", b"b2"] if ordering == "partition" else [b"a1", b"a2"])
+    assert late[0].redelivered and late[0].delivery_count == 2
+    flow.ack_many(late)
+
+
 def test_the_queue_redelivery_delay_grows_with_each_redelivery(broker, clock):
     setup(broker, redelivery_delay=1.0, redelivery_delay_multiplier=3.0,
           redelivery_delay_max=5.0)

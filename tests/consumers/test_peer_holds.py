@@ -5,6 +5,7 @@ a second Broker of this process on the same directory, served by the first throu
 socket like any other process."""
 from __future__ import annotations
 
+import pytest
 from helpers import wait_until
 
 import partq
@@ -45,6 +46,47 @@ def test_a_peer_flows_nack_delay_and_keys_in_flight_show_in_the_owners_status(tm
         b.ack_many(again + got[2:])
         wait_until(lambda: (lambda p: p.held_for == [] and p.held_keys == 0)(
             owner.queue_status("q").partitions[1]), 30, "b's report that nothing is held")
+    finally:
+        peer.close()
+        owner.close()
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_a_peer_flows_nack_delay_holds_after_its_partition_moves_to_the_owner(tmp_path,
+                                                                            ordering):
+    """A flow of another process nacks with a delay and leaves: the delay is in the store, so
+    the flow that takes the partition over waits it out too (before, it sent the message at
+    once). Under "key" only that key waits."""
+    data = tmp_path / "d"
+    clock = partq.ManualClock(100.0)
+    owner = partq.Broker.open(data, clock=clock)
+    peer = partq.Broker.open(data, clock=clock)
+    try:
+        owner.create_queue("q", partitions=1, rebalance_delay=0, ordering=ordering,
+                           consumer_timeout=600)
+        x = owner.bind("q", name="x")
+        b = peer.bind("q", name="b")
+        x.unbind()
+        owner.tick()
+        wait_until(lambda: b.partitions == frozenset({0}), 30, "b to hold the partition")
+        for payload, key in ((b"B1", "b"), (b"C1", "c")):
+            owner.publish("q", payload, key=key)
+        got = wait_until(lambda: b.receive(100), 30, "b to receive")
+        assert [m.payload for m in got] == [b"B1", b"C1"]
+        b.nack(got[0], delay=30)
+        b.ack(got[1])
+        b.unbind()
+        x = owner.bind("q", name="x")
+        owner.tick()
+        wait_until(lambda: x.partitions == frozenset({0}), 30, "x to take the partition")
+        owner.publish("q", b"C2", key="c")
+        early = [m.payload for m in x.receive(100, timeout=0.5)]
+        assert early == ([] if ordering == "partition" else [b"C2"])
+        clock.advance(31)
+        late = wait_until(lambda: x.receive(100), 30, "B1 after its delay")
+        assert [m.payload for m in late] == ([b"B1", b"C2"] if ordering == "partition"
+                                            else [b"B1"])
+        assert late[0].redelivered and late[0].delivery_count == 2
     finally:
         peer.close()
         owner.close()

@@ -57,6 +57,12 @@ The counts (all in ``checker.VIOLATIONS``), each certain, never a guess:
   one's: a count grows by one per failed delivery, and each crash may add one more.
 * ``delivered_past_limit`` (lifecycle rounds): a delivery with ``delivery_count`` above
   ``1 + max_redelivery`` (partq kills instead of handing out at that count).
+* ``delivered_during_delay`` (lifecycle rounds): a nack with a delay ``d`` (its ``nacked``
+  line at ``t``) that returned the message among what it gave back (its ``gave_back`` line),
+  followed by a delivery of that message whose receive began after the nack returned and ended
+  before ``t + d``: the delay ends no sooner than that, whatever happened meanwhile (a crash, a
+  restart, the partition moving to another process: the delay is durable). Times are the
+  host's monotonic clock, the same in every process.
 * ``expired_delivered`` (lifecycle rounds where one process at a time delivered): a delivery of a
   message whose expiry (``pt + ttl``) had passed when its receive began (``w0``): the owner's
   receive decides at the call, on the same wall clock. (A flow of another process may receive
@@ -73,7 +79,7 @@ from collections import defaultdict
 
 LIFECYCLE_VIOLATIONS = ("refused_but_delivered", "acked_and_dead", "dead_lost", "dead_duplicated",
                         "delivery_count_down", "delivery_count_jumped", "dead_too_early",
-                        "delivered_past_limit",
+                        "delivered_past_limit", "delivered_during_delay",
                         "expired_delivered")
 LIFECYCLE_OPS = frozenset({"nacked", "nack_failed", "rejected", "rejected_done", "reject_failed",
                            "dead", "died"})
@@ -105,6 +111,7 @@ def check_lifecycle(h, rep, d, lifecycle: dict | None, concurrent: bool,
     checked_early, certain = False, 0
     if lifecycle is not None:
         limit = 1 + lifecycle["max_redelivery"]
+        _delays_kept(h, rep, deliveries)
         for ds in deliveries.values():
             for e in ds:
                 if e.get("delivery_count", 0) > limit:
@@ -190,6 +197,35 @@ def _expiry(h, rep, deliveries: dict[str, list[dict]]) -> None:
             if "pt" in e and "w0" in e and e["w0"] > e["pt"] + ttl + EXPIRY_SLACK:
                 rep.add("expired_delivered", {"delivered": e, "ttl": ttl,
                                               "late_by": round(e["w0"] - e["pt"] - ttl, 3)})
+
+
+def _delays_kept(h, rep, deliveries: dict[str, list[dict]]) -> None:
+    events: list[tuple[int, float, dict]] = [(e["log"], e["t"], e) for e in h.life
+                                             if e["op"] == "nacked"]
+    log = -1
+    for e in h.stream:       # stream events carry no log number: an "owner" line starts each
+        if e["op"] == "owner":
+            log = e["log"]
+        elif e["op"] == "gave_back":
+            events.append((log, e["t"], e))
+    nacked: dict[tuple[int, str], dict] = {}    # (log, id) -> its last ``nacked`` line
+    for log, _, e in sorted(events, key=lambda x: (x[0], x[1])):
+        mid = e.get("id")
+        if e["op"] == "nacked":
+            nacked[log, mid] = e
+            continue
+        n = nacked.pop((log, mid), None)
+        if n is None or not n.get("delay"):
+            continue
+        ds = deliveries.get(mid, ())
+        if not ds or (ds[0].get("partition"), ds[0].get("seq")) not in \
+                ((e.get("partition"), s) for s in e.get("seqs", ())):
+            continue                # the nack did not take the message back: no delay
+        ends = n["t"] + n["delay"] - EXPIRY_SLACK
+        for x in deliveries.get(mid, ()):
+            if _start(x) > e["t"] and x["t"] < ends:
+                rep.add("delivered_during_delay", {"delivered": x, "nacked": n,
+                                                   "early_by": round(ends - x["t"], 3)})
 
 
 def _crashes(crashes: list[tuple[float, float]], start: float, end: float) -> int:

@@ -18,8 +18,8 @@ class Life(History):
         self.pub.append(self._ev(op="refused", id=mid))
         return self
 
-    def nacked(self, mid, dc):
-        self.cons[-1].append(self._ev(op="nacked", id=mid, delivery_count=dc, delay=None))
+    def nacked(self, mid, dc, delay=None):
+        self.cons[-1].append(self._ev(op="nacked", id=mid, delivery_count=dc, delay=delay))
         return self
 
     def rejected(self, mid, dc, done=True):
@@ -227,3 +227,22 @@ def test_dead_copies_follow_the_order_free_rules():
     h = life()
     h.cons[-1] = [{**e, "origin_seq": 5} if e.get("id") == "x" else e for e in h.cons[-1]]
     only(h.check(), "position_mismatches")
+
+
+def delayed(delay: float, gave_back: tuple = (0,)) -> Life:
+    """"d" delivered, nacked with ``delay`` (its nack giving back ``gave_back`` of partition 2),
+    delivered again two ticks (seconds) after the ``nacked`` line, acked."""
+    h = life()
+    h.publish("d", 2, 0, key="d")
+    h.deliver("d", 2, 0, key="d", delivery_count=1).nacked("d", 1, delay=delay)
+    h.gave_back("d", 2, gave_back)
+    h.deliver("d", 2, 0, key="d", redelivered=True, delivery_count=2).ack("d")
+    return h
+
+
+def test_a_delivery_before_a_nacks_delay_ended_is_counted():
+    only(delayed(1.5).check())                          # again after the delay: fine
+    r = delayed(5.0).check()                            # 3 s early
+    only(r, "delivered_during_delay")
+    assert r["delivered_during_delay"] == 1
+    only(delayed(5.0, gave_back=()).check())            # the nack took nothing back: no delay

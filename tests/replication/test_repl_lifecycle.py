@@ -1,6 +1,7 @@
 """The message lifecycle reaches a DR-standby through the change log (rules `delivery-count`,
 `dead-messages`, `quota`): after a failover a message's delivery count goes on from where the
-primary left it, dead messages are in the dead message queue once, and the counts are kept."""
+primary left it, dead messages are in the dead message queue once, the counts are kept, and a
+nack's delay still holds its message (rule `retry-delay`)."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,10 @@ def test_delivery_counts_dead_messages_and_counts_survive_a_failover(tmp_path):
         flow.nack(retry)
         assert flow.receive(1)[0].delivery_count == 2          # retry's second delivery
         p.publish_many("q", [b"x"] * 5)          # over max_depth: discarded, counted
+        p.create_queue("later", rebalance_delay=0)
+        p.publish("later", b"in an hour")
+        waiting = p.bind("later", name="svc")
+        waiting.nack(waiting.receive(1)[0], delay=3600)   # the delay is in the change log too
         head = p.replication_status().head_lsn
         wait_until(lambda: s.replication_status().applied_lsn >= head, 30,
                    "the standby to catch up")
@@ -43,6 +48,7 @@ def test_delivery_counts_dead_messages_and_counts_survive_a_failover(tmp_path):
         # delivered twice on the primary, the second delivery lost with it: the third now
         assert (again.payload, again.delivery_count, again.redelivered) == (b"retry", 3, True)
         flow.ack(again)
+        assert b.bind("later", name="svc").receive(1, timeout=0.2) == []    # an hour to go
         dead = b.bind("dmq")
         got = dead.receive(10)
         assert sorted((m.payload, m.headers["dead_reason"]) for m in got) == \

@@ -232,3 +232,21 @@ def test_a_commit_that_allocates_and_frees_pages_leaves_a_store_that_opens(tmp_p
     broker.close()
     with partq.Broker.open(path) as again:
         assert again.queue_status("q").depth == 1
+
+
+def test_nack_delays_are_kept_for_unacked_seqs_only_and_bounded():
+    """``AckState.delays`` (durable nack delays): a later end replaces an earlier one, an acked
+    seq keeps none, at most ``DELAYS_KEPT`` (those ending first go), and a state written
+    before delays existed decodes with none."""
+    from partq.storage.encoding import DELAYS_KEPT
+    state = AckState(floor=0, above=set(), delivered_mark=10)
+    assert state.delay([(3, 500), (5, 700)])
+    assert not state.delay([(3, 400)])              # an earlier end changes nothing
+    state.add([3])
+    back = AckState.decode(state.encode(), "p")
+    assert back.delays == {5: 700} and back.failures == {} and back.counted == -1
+    old = AckState.decode(AckState(floor=2, above=set(), delivered_mark=4).encode(), "p")
+    assert old.delays == {}
+    many = AckState(floor=0, above=set(), delivered_mark=DELAYS_KEPT + 10)
+    many.delay([(s, 1000 + s) for s in range(DELAYS_KEPT + 5)])
+    assert len(many.delays) == DELAYS_KEPT and min(many.delays) == 5

@@ -116,8 +116,8 @@ class PeerAcks:
             Assignment(QueueConfig.from_dict(raw), w.state(self.qid)).holds(flow.flow_id, sp, epoch)
 
     def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]:
-        """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count durable,
-        fenced: a flow that lost the partition counts nothing (its next holder does)."""
+        """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count and delay
+        durable, fenced: a flow that lost the partition counts nothing (its next holder does)."""
         clock = self.dispatcher.clock
         flow.poll.touch(clock.now())
         with self.lock:
@@ -136,9 +136,13 @@ class PeerAcks:
         counts = cursor.count_lost([msg.seq])
         qid, sp = self.qid, msg.partition
 
+        until = clock.wall_ns() + int(wait * 1e9) if wait > 0 else 0
+
         def op(w):
             if self._holds(w, flow, sp, epoch):
                 w.set_failures(qid, sp, counts)
+                if until:
+                    w.set_delays(qid, sp, [(msg.seq, until)])
         self.store.write(op)
         if wait > 0:
             self.dispatcher.wake_at(clock.now() + wait)
