@@ -169,6 +169,10 @@ def main(argv=None) -> int:
             except partq.FlowFenced as exc:
                 ack(flow, unfenced(msgs, exc))
                 continue
+            except partq.FlowClosed:
+                # this process lost the queue's delivery while stopped: nothing of the batch
+                # was acked (as for ack_many's FlowClosed); the next receive binds again
+                continue
             logged(msgs, t0)
         in_flight.clear()
         for i, flow in enumerate(flows):
