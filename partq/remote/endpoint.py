@@ -163,12 +163,16 @@ class RemoteEndpoint:
         op = frame.get("op")
         with self._cond:
             if op == "deliver":
-                n = frame["n"]
-                for p, s, key, payload, headers, ts, redelivered, *count in frame["messages"]:
-                    if s <= self._through.get(p, -1):
+                n, queue, through, append = frame["n"], self.queue, self._through, \
+                    self._buffer.append
+                new = tuple.__new__
+                for fields in frame["messages"]:
+                    if len(fields) != 8:    # a server that sends no delivery count: 1
+                        p, s, key, payload, headers, ts, redelivered = fields
+                        fields = (p, s, key, payload, headers, ts, redelivered, 1)
+                    if through and fields[1] <= through.get(fields[0], -1):
                         continue        # acked by ack_through while it was on its way
-                    self._buffer.append((n, Message(self.queue, p, s, key, payload, headers, ts,
-                                                    redelivered, count[0] if count else 1)))
+                    append((n, new(Message, (queue, *fields))))
             elif op == "state":
                 self._held(frozenset(frame["partitions"]))
             elif op == "event":
