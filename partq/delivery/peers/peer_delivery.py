@@ -283,21 +283,17 @@ class PeerQueue(PeerAcks):
             with self.store.read() as r:
                 assignment = self._sync(flow, r)
                 handing_off = flow.settle(self._see_pauses(flow, assignment))
-                config = assignment.config
-                if handing_off:
-                    self._write_settles([(flow, *s) for s in handing_off])
-                want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
-                if not config.egress_enabled or want <= 0:
-                    return []
-                held = {sp: epoch for slot, sp, epoch in assignment.held_by(flow.flow_id)
-                        if slot not in assignment.paused}
-                if not held:
-                    return []
-                cutover = read_cutover(r, self.qid)
-                holds = Holds(cutover, r, self.qid) if cutover is not None else None
-                clock = self.dispatcher.clock
-                handout = Handout(config, clock.now(), clock.wall_ns())
-                out = flow.take(r, self.qid, sorted(held), want, holds, handout)
+                if not handing_off:
+                    taken = self._take(flow, assignment, r, max_messages)
+            if handing_off:
+                # written with no snapshot open: its commit may have to adopt a map another
+                # process grew, which waits until no snapshot of this process is open
+                self._write_settles([(flow, *s) for s in handing_off])
+                with self.store.read() as r:
+                    taken = self._take(flow, assignment, r, max_messages)
+            if taken is None:
+                return []
+            out, handout, held = taken
             if handout.wake is not None:
                 self.dispatcher.wake_at(handout.wake)
             if not out:
@@ -322,6 +318,25 @@ class PeerQueue(PeerAcks):
             with self.lock:       # the owner shows what this flow holds (queue status)
                 self._reports.append((None, flow))
         return out
+
+    def _take(self, flow: PeerFlow, assignment: Assignment, r,
+              max_messages: int) -> tuple[list[Message], Handout, dict[int, int]] | None:
+        """Under the lock, in snapshot ``r``: what ``flow`` takes of its partitions not paused
+        (the messages, the handout to make durable first, and the epoch of each partition);
+        None when it takes nothing (egress off, no credit, no partition)."""
+        config = assignment.config
+        want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
+        if not config.egress_enabled or want <= 0:
+            return None
+        held = {sp: epoch for slot, sp, epoch in assignment.held_by(flow.flow_id)
+                if slot not in assignment.paused}
+        if not held:
+            return None
+        cutover = read_cutover(r, self.qid)
+        holds = Holds(cutover, r, self.qid) if cutover is not None else None
+        clock = self.dispatcher.clock
+        handout = Handout(config, clock.now(), clock.wall_ns())
+        return flow.take(r, self.qid, sorted(held), want, holds, handout), handout, held
 
     @staticmethod
     def _paused(flow: PeerFlow, assignment: Assignment) -> list[int]:
