@@ -246,20 +246,22 @@ class Store(CommitHooks):
         waits for the commit. ``wait``: the caller waits for it at once, so it may commit in
         the calling thread when the writer is idle (``GroupCommitWriter.write_now``). A store
         opened read-only is made writable first."""
-        self.check_usable()
-        self.check_writable()
-        if self._env_readonly:
-            self._make_writable()
+        self._ready_to_write()
         return self._writer.write_now(op) if wait else self._writer.submit(op)
 
     def claim_commit(self) -> bool:
         """``GroupCommitWriter.claim``: True when the calling thread may commit next itself
         (``commit_claimed``), what others submit meanwhile queueing behind it."""
+        self._ready_to_write()
+        return self._writer.claim()
+
+    def _ready_to_write(self) -> None:
+        """Before a write is queued or claimed: the store is open and not a standby's, and a
+        store opened read-only is made writable."""
         self.check_usable()
         self.check_writable()
         if self._env_readonly:
             self._make_writable()
-        return self._writer.claim()
 
     def commit_claimed(self, op: Callable[[Writer], T]):
         """Commit ``op`` in the calling thread, which claimed the commit (``claim_commit``)."""

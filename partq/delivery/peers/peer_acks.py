@@ -69,8 +69,7 @@ class PeerAcks:
         by_msg = {(m.partition, m.seq): m for m in msgs}
 
         def op(w):
-            assignment = Assignment(QueueConfig.from_dict(w.queue(name)), w.state(qid)) \
-                if w.queue_raw(name) is not None else None
+            assignment = self._assignment_in(w)
             lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
                     if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
             if lost:
@@ -88,12 +87,10 @@ class PeerAcks:
             with self.store.read() as r:       # a flow that never received has no cursors yet
                 self._sync(flow, r)
             epoch = flow.apply_ack_through(sp, seq)
-        qid, name, flow_id = self.qid, self.queue, flow.flow_id
+        qid, name = self.qid, self.queue
 
         def op(w):
-            raw = w.queue(name)
-            if raw is None or not Assignment(QueueConfig.from_dict(raw), w.state(qid)) \
-                    .holds(flow_id, sp, epoch):
+            if not self._holds(w, flow, sp, epoch):
                 flow.resync([sp])
                 raise fenced_range(name, flow, sp, seq)
             w.ack_through(qid, sp, seq)
@@ -111,9 +108,16 @@ class PeerAcks:
     def _holds(self, w, flow: PeerFlow, sp: int, epoch: int) -> bool:
         """Whether, in write ``w``, ``flow`` still holds ``sp`` under ``epoch`` (rule
         `fencing`): what it writes for the partition otherwise changes nothing."""
+        assignment = self._assignment_in(w)
+        return assignment is not None and assignment.holds(flow.flow_id, sp, epoch)
+
+    def _assignment_in(self, w) -> Assignment | None:
+        """The owner's assignment of this queue in write ``w``; None once the queue is gone
+        (deleted, or deleted and created again under its name: another qid)."""
         raw = w.queue(self.queue)
-        return raw is not None and raw["qid"] == self.qid and \
-            Assignment(QueueConfig.from_dict(raw), w.state(self.qid)).holds(flow.flow_id, sp, epoch)
+        if raw is None or raw["qid"] != self.qid:
+            return None
+        return Assignment(QueueConfig.from_dict(raw), w.state(self.qid))
 
     def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]:
         """Give ``msg`` back (``PeerFlow.apply_nack``) and make its delivery count and delay
