@@ -374,6 +374,12 @@ class FlowCalls:
             raise fenced_error(self.name, flow, [msg], verb)
         return self.parts[slot], slot
 
+    def full(self, flow: FlowState) -> bool:
+        """Whether ``flow`` holds as many unacked messages as the queue lets a flow hold, with
+        no error to raise: a collect would hand out nothing, so a receive reads nothing."""
+        return (flow.inflight >= self.config.max_delivered_unacked_per_flow
+                and flow.pending_error is None)
+
     def check_flow(self, flow: FlowState) -> None:
         if flow.closed_reason is not None:
             raise FlowClosed(f"flow {flow.name or flow.flow_id} of queue {self.name!r} is unbound"

@@ -104,6 +104,8 @@ class FlowService:
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
             qd.check_flow(state)
+            if qd.full(state):
+                return []       # nothing to hand out: no snapshot (a server's pump looks often)
             claimed = qd.claimed         # before the snapshot (``owner.check``)
             with self.store.read() as r:
                 owner.check(qd, r, claimed)   # another process took delivery over: nothing here

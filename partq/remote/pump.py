@@ -1,10 +1,12 @@
 """A flow's pushes to its ``partq serve`` client: messages in deliver frames bounded in bytes,
 partition changes and events, and the nacks that take effect between two frames. A pump has no
-thread of its own: its session's pump thread serves every flow of the connection in turn."""
+thread of its own: the connection's thread serves its flow right after its client's acks, and
+the server's pump thread (``Pumps``) serves every flow when something else changed."""
 from __future__ import annotations
 
 import queue as queue_module
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from partq.errors import FlowClosed, FrameError, PartqError
@@ -27,14 +29,22 @@ class PumpSession(Protocol):
 
     def pending_bytes(self) -> int: ...
 
+    def when_room(self, limit: int, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once fewer than ``limit`` bytes wait to be written to the client."""
+
+    def close_connection(self) -> None: ...
+
 
 class Pump:
     """One flow's pushes to its client: messages, partition changes and events. It has no
-    thread: the session's pump thread serves every flow of the connection in turn
-    (``serve``), and sleeps on the dispatcher's changes when none had anything."""
+    thread: the connection's thread serves the flow after its client's acks (``ack``), the
+    server's pump thread when anything else changed (``serve``); one at a time. ``wake``
+    wakes the pump thread (when a slow client read enough to take more)."""
 
-    def __init__(self, session: PumpSession, flow, consumer_timeout: float) -> None:
-        self.session = session
+    def __init__(self, session: PumpSession, flow, consumer_timeout: float,
+                 wake: Callable[[], None]) -> None:
+        self.session: PumpSession | None = session
+        self._wake = wake
         self.flow = flow
         self.consumer_timeout = consumer_timeout
         self._nacks: queue_module.SimpleQueue = queue_module.SimpleQueue()
@@ -44,6 +54,7 @@ class Pump:
                                     # stays near PUSH_BYTES (one at first: sizes unknown)
         self._held: list[list[Message]] = []     # received, not pushed yet: the client is slow
         self.stopped = False
+        self._serving = threading.Lock()
 
     def messages(self, ids) -> list[Message]:
         """The messages ``[[partition, seq], ...]`` of a request names, as ack and nack need
@@ -64,11 +75,20 @@ class Pump:
         """Queue a nack (or a reject) of ``msg`` (``messages``) for the pump thread, which
         applies it between two deliver frames."""
         self._nacks.put((req, msg, delay, reject))
+        self._wake()
 
     def detach(self) -> None:
-        """Drop what the pump holds of its session once the session ended."""
-        self._held = []
-        self.session = None  # type: ignore[assignment]
+        """Drop what the pump holds of its session once the session ended (after a serve under
+        way, which then has no session to push to)."""
+        with self._serving:
+            self._held = []
+            self.session = None
+
+    def close_connection(self) -> None:
+        """End the connection of this pump's client (a push to it failed unexpectedly)."""
+        session = self.session
+        if session is not None:
+            session.close_connection()
 
     def stop(self, unbind: bool) -> None:
         self.stopped = True
@@ -78,11 +98,18 @@ class Pump:
             except PartqError:
                 pass
 
-    def _push_held(self) -> bool:
+    def _room(self, session: PumpSession) -> bool:
+        """Whether the client has room for pushes; if not, the pump thread is woken when it has
+        (serving this flow before would only hold more in memory)."""
+        if session.pending_bytes() < session.limits.max_push_bytes:
+            return True
+        session.when_room(session.limits.max_push_bytes, self._wake)
+        return False
+
+    def _push_held(self, session: PumpSession) -> bool:
         """Push held deliver frames while the client has room; True when none are left."""
-        session = self.session
         while self._held:
-            if session.pending_bytes() >= session.limits.max_push_bytes:
+            if not self._room(session):
                 return False
             batch = self._held.pop(0)
             self._sent += 1
@@ -92,12 +119,34 @@ class Pump:
                           "messages": [m[1:] for m in batch]})
         return True
 
+    def ack(self, msgs: list[Message], answer: Callable[[object], None]) -> None:
+        """Ack ``msgs`` (``messages``) for the client, ``answer(handle)`` (the handle of the
+        acks' write), and serve the flow: the room the acks made goes to the client from the
+        calling thread (the connection's), before the pump thread, woken by the acks, can take
+        it (it waits for this serve and finds the flow served). When the writer was idle the
+        acks committed in this thread too, and the answer went first: one thread does the
+        round, with no hand-off between threads on the way."""
+        with self._serving:
+            pending = self.flow.ack_many_async(msgs, commit_here=True)
+            answer(pending)
+            if not self.stopped:
+                self._serve()
+
     def serve(self) -> bool:
+        """``_serve`` once no other thread serves the flow (the pump thread calls it)."""
+        with self._serving:
+            return self._serve()
+
+    def _serve(self) -> bool:
         """Apply queued nacks, push what the flow has now (without waiting), its events and a
-        change of its partitions. True if it pushed messages (there may be more)."""
+        change of its partitions. True if it pushed messages (there may be more). Nothing
+        while the client has no room: frames received before a nack go out before it takes
+        effect."""
         flow, session, fid = self.flow, self.session, self.flow.flow_id
-        if self._held and not self._push_held():
-            return False        # frames received before a nack go out before it takes effect
+        if session is None or self.stopped or session.closed.is_set():
+            return False
+        if not self._room(session) or (self._held and not self._push_held(session)):
+            return False
         while not self._nacks.empty():
             req, msg, delay, reject = self._nacks.get()
             try:
@@ -121,7 +170,7 @@ class Pump:
         if msgs:
             self._held, size = byte_batches(msgs, PUSH_BYTES)
             self._batch = max(1, min(PUSH_BATCH, PUSH_BYTES * len(msgs) // max(size, 1)))
-            self._push_held()
+            self._push_held(session)
         for update in flow.events():
             session.send({"op": "event", "flow": fid, "active": update.active,
                           "partitions": sorted(update.partitions)})

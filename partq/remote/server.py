@@ -22,7 +22,8 @@ One session per connection. Requests carry an id and are answered in order of co
     the client raises ``partq.wire.error_frames.error_from_frame`` of it, the same class with
     the same fields (a ``CorruptRecord`` with its queue, partition and seq)
 
-Pushes, from one pump thread per connection that serves each of its flows in turn:
+Pushes, from the connection's thread right after its client's acks, otherwise from the server's
+one pump thread, which serves every connection's flows in turn (``Pumps``):
 ``deliver {flow, n, messages}`` (within the flow's credit: at most
 ``max_delivered_unacked_per_flow`` unacked; at most ``PUSH_BYTES`` of messages a frame),
 ``state {flow, partitions}``, ``event {flow, active, partitions}``, ``closed {flow, reason}``.
@@ -46,13 +47,13 @@ from partq.jobs.staging import SPARK_OPS, spark_request
 from partq.pending import add_done_callback
 from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
+from partq.remote.pumps import Pumps
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
 
 log = logging.getLogger("partq.server")
 
-IDLE_WAIT = 1.0           # seconds the pump thread sleeps at most when nothing changed
 MAX_ITEMS = 1 << 17       # items of any one array or map of a request, checked as it is decoded
 
 
@@ -68,6 +69,7 @@ class Server:
                          config.name)
         self._named: dict[tuple[str, str], Session] = {}    # named flows, by their session
         self._named_lock = threading.Lock()
+        self.pumps = Pumps(broker.dispatcher)
         self.listener = Listener(listen, "serve", self._session, token=token,
                                  ssl_context=ssl_context, limits=limits)
         self.address = self.listener.address
@@ -104,6 +106,7 @@ class Server:
 
     def close(self) -> None:
         self.listener.close()
+        self.pumps.close()
 
 
 class Session:
@@ -118,7 +121,6 @@ class Session:
         self._outbox = Outbox(sock, "partq-serve-send", direct="try")
         self._completions: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.closed = threading.Event()
-        self._bound = threading.Event()     # a flow bound, or the session ended: the pump looks
 
     def send(self, frame: dict) -> None:
         """Queue a frame for the client (pumps, answers); written in batches by one thread."""
@@ -131,6 +133,18 @@ class Session:
         """Wait until fewer than ``limit`` bytes wait to be written to the client."""
         return self._outbox.wait_below(limit, timeout)
 
+    def when_room(self, limit: int, fn) -> None:
+        """Call ``fn()`` once fewer than ``limit`` bytes wait to be written to the client (or
+        the connection closed)."""
+        self._outbox.when_below(limit, fn)
+
+    def close_connection(self) -> None:
+        """End the connection; its thread then ends the session (and unbinds its flows)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def idle_timeout(self) -> float:
         timeouts = [pump.consumer_timeout for pump in list(self.flows.values())]
         return min([self.limits.idle_timeout, *timeouts])
@@ -139,8 +153,6 @@ class Session:
         completer = threading.Thread(target=self._complete, name="partq-serve-complete",
                                      daemon=True)
         completer.start()
-        pumper = threading.Thread(target=self._pump_loop, name="partq-serve-pump", daemon=True)
-        pumper.start()
         reason = "closed the connection"
         stream = self.sock.makefile("rb", buffering=1 << 16)
         timeout = None
@@ -163,18 +175,16 @@ class Session:
             reason = str(exc) or type(exc).__name__
         finally:
             self.closed.set()
-            self._bound.set()                       # the pump thread sees the session end,
-            self.broker.dispatcher.notify()         # whether it sleeps on a bind or a change
             self._completions.put(None)
             self._outbox.close()
             flows, self.flows = list(self.flows.values()), {}
             for pump in flows:
                 self._forget(pump)
+                self.server.pumps.remove(pump)
                 pump.stop(unbind=True)       # a closed connection is an unbind, rule `liveness`
             log.info("client %s disconnected: %s; %d flow(s) unbound", self.who, reason,
                      len(flows))
             completer.join(timeout=5)
-            pumper.join(timeout=5)
             stream.close()
             for pump in flows:
                 pump.detach()                       # no session <-> pump cycle left behind
@@ -216,9 +226,8 @@ class Session:
                 self._bind(req, frame)
             elif op == "ack":
                 pump = self._pump(frame)
-                msgs = pump.messages(frame.get("ids", []))
-                pending = pump.flow.ack_many_async(msgs, commit_here=True)
-                self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
+                pump.ack(pump.messages(frame.get("ids", [])), lambda pending: self._when_durable(
+                    (req, pending, lambda _: {"op": "ok", "req": req})))
             elif op == "ack_through":
                 pending = self._pump(frame).flow.ack_through(int(frame["partition"]),
                                                             int(frame["seq"]))
@@ -230,12 +239,12 @@ class Session:
                 if delay is not None and (isinstance(delay, bool)
                                           or not isinstance(delay, (int, float))):
                     raise FrameError(f"a nack's delay must be a number, not {delay!r}")
-                pump.nack(req, msg, delay, reject=op == "reject")
-                self.broker.dispatcher.notify()     # wake the pump thread to apply it
+                pump.nack(req, msg, delay, reject=op == "reject")   # the pump thread applies it
             elif op == "unbind":
                 leaving = self.flows.pop(str(frame.get("flow")), None)
                 if leaving is not None:
                     self._forget(leaving)
+                    self.server.pumps.remove(leaving)
                     leaving.stop(unbind=True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
@@ -269,7 +278,7 @@ class Session:
                                 skip_corrupt=bool(frame.get("skip_corrupt")))
         config = self.broker.queue_config(queue)
         timeout = config.consumer_timeout
-        pump = Pump(self, flow, timeout)
+        pump = Pump(self, flow, timeout, self.broker.dispatcher.notify)
         self.flows[flow.flow_id] = pump
         if name is not None:
             self.server.named(queue, name, self)
@@ -278,40 +287,7 @@ class Session:
                    "max_poll_interval": config.max_poll_interval})
         log.info("client %s bound flow %s of queue %r: partitions %s", self.who,
                  flow.name or flow.flow_id, queue, sorted(flow.partitions))
-        self._bound.set()                           # the pump thread serves it from now on,
-        self.broker.dispatcher.notify()             # whether it sleeps on a bind or a change
-
-    def _pump_loop(self) -> None:
-        """Serve every flow of the connection from one thread: each in turn pushes what it has
-        now; when none had anything, sleep until the dispatcher sees a change (a commit, a
-        change of delivery state, a nack or bind of this session) or ``IDLE_WAIT``. Pushes wait
-        while ``max_push_bytes`` are queued for a client that reads slowly. A session with no
-        flow (a publisher) sleeps until one binds: a commit does not wake it."""
-        dispatcher = self.broker.dispatcher
-        try:
-            while not self.closed.is_set():
-                if not self.flows:
-                    self._bound.wait(IDLE_WAIT)
-                    self._bound.clear()         # flows is looked at again before a wait
-                    continue
-                token = dispatcher.change_token()
-                if not self.wait_for_room(self.limits.max_push_bytes, IDLE_WAIT):
-                    continue
-                busy = False
-                for pump in list(self.flows.values()):
-                    if not pump.stopped and not self.closed.is_set():
-                        busy = pump.serve() or busy
-                if not busy:
-                    dispatcher.wait_for_change(token, IDLE_WAIT)
-        except OSError:
-            pass          # the connection is closing; the session unbinds its flows
-        except Exception:  # a bug: this connection ends (its client reconnects), visibly
-            log.exception("client %s: pushing to its flows failed; closing the connection",
-                          self.who)
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self.server.pumps.add(pump)                 # the pump thread serves it from now on
 
     def drop_named(self, queue: str, name: str) -> None:
         """Unbind this session's flow ``name`` of ``queue`` (its client is back on another
@@ -319,11 +295,9 @@ class Session:
         for fid, pump in list(self.flows.items()):
             if pump.flow.queue == queue and pump.flow.name == name:
                 self.flows.pop(fid, None)
+                self.server.pumps.remove(pump)
                 pump.stop(unbind=True)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        self.close_connection()
 
     def _forget(self, pump: Pump) -> None:
         if pump.flow.name is not None:

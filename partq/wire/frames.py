@@ -11,6 +11,7 @@ import socket
 import ssl
 import struct
 import threading
+from collections.abc import Callable
 
 import crc32c
 import msgpack
@@ -82,7 +83,7 @@ class Outbox:
     client, deliveries and answers of a server). ``close()`` ends the writer once what is queued
     is written; a failed write closes it too (``on_error`` is told). ``pending_bytes()`` counts
     what is queued or being written, so that producers can wait for a slow reader
-    (``wait_below``) instead of piling up memory."""
+    (``wait_below``, or ``when_below`` without a thread) instead of piling up memory."""
 
     def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None,
                  direct: str | None = None) -> None:
@@ -94,6 +95,8 @@ class Outbox:
         self._writing = False          # a write is under way (the thread's, or a direct one)
         self._direct = direct
         self._pending = 0
+        self._below: list[tuple[int, Callable[[], None]]] = []    # when_below's callbacks
+        self._room_waiters = 0         # threads in wait_below
         self._on_error = on_error
         self._gather = gather          # () -> more frames, called before each write
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -132,7 +135,11 @@ class Outbox:
                 if sent < len(data) and not self._closed:
                     self._frames.insert(0, data[sent:])     # the rest, before anything later
                 self._pending = max(0, self._pending - sent)
-                self._cond.notify_all()
+                if self._frames or self._closed or self._room_waiters:
+                    self._cond.notify_all()     # else none waits for it: the writing thread
+                due = self._due()               # has nothing to do, and no one waits for room
+            for fn in due:
+                fn()
 
     def _write_now(self, data: bytes) -> int:
         """Write what the socket takes at once; how many bytes. Only a socket in timeout mode
@@ -150,6 +157,9 @@ class Outbox:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            due = self._due()
+        for fn in due:
+            fn()
         if self._on_error is not None:
             self._on_error(exc)
 
@@ -161,7 +171,32 @@ class Outbox:
         """Wait until fewer than ``limit`` bytes are pending, or the outbox closed (True), or
         ``timeout`` seconds passed (False)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending < limit or self._closed, timeout)
+            self._room_waiters += 1
+            try:
+                return self._cond.wait_for(lambda: self._pending < limit or self._closed,
+                                           timeout)
+            finally:
+                self._room_waiters -= 1
+
+    def when_below(self, limit: int, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once fewer than ``limit`` bytes are pending or the outbox closed: now,
+        or from the thread whose write brings it there (``fn`` must be quick)."""
+        with self._cond:
+            if not (self._pending < limit or self._closed):
+                if (limit, fn) not in self._below:      # asked again before it came: once
+                    self._below.append((limit, fn))
+                return
+        fn()
+
+    def _due(self) -> list[Callable[[], None]]:
+        """Under ``_cond``: the ``when_below`` callbacks now due, forgotten."""
+        if not self._below:
+            return []
+        due = [fn for limit, fn in self._below if self._pending < limit or self._closed]
+        if due:
+            self._below = [(limit, fn) for limit, fn in self._below
+                           if not (self._pending < limit or self._closed)]
+        return due
 
     def poke(self) -> None:
         """Wake the writer: ``gather`` has something. Already poked, it will call ``gather``
@@ -177,6 +212,9 @@ class Outbox:
         with self._cond:
             self._closed = True
             self._cond.notify()
+            due = self._due()
+        for fn in due:
+            fn()
 
     def _run(self) -> None:
         while True:
@@ -196,6 +234,9 @@ class Outbox:
                     self._sock.sendall(data)
                     with self._cond:
                         self._pending = max(0, self._pending - len(data))
+                        due = self._due()
+                    for fn in due:
+                        fn()
                     frames.append(data)      # something was written: not the closing round
             except OSError as exc:
                 self._failed(exc)
