@@ -251,9 +251,8 @@ class RemoteEndpoint:
         self._refuse(msgs, "acked")
         handles = []
         for start in range(0, max(len(msgs), 1), ACK_CHUNK):   # each request within the
-            chunk = msgs[start:start + ACK_CHUNK]               # server's per-array bound
-            ids = [[m.partition, m.seq] for m in chunk]
-            acked = {(m.partition, m.seq) for m in chunk}
+            ids = [m[1:3] for m in msgs[start:start + ACK_CHUNK]]   # server's per-array
+            acked = set(ids)                                        # bound; (partition, seq)
             handles.append(self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
                                                self._confirmer(acked)))
         return handles[0] if len(handles) == 1 else AllOf(handles)
