@@ -29,8 +29,9 @@ from partq.storage.errors import BrokerClosed, InvalidConfig, PartqError, Storag
 from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
 from partq.storage.gate import TxnGate
 from partq.storage.lmdb_errors import Step, translated
+from partq.storage.snapshot import ReadSnapshot
 from partq.storage.space import Space
-from partq.storage.txn import DB_NAMES, Reader, change_log_note
+from partq.storage.txn import DB_NAMES, change_log_note
 from partq.storage.writelock import WRITE_LOCK_POLL, stopped_writer, write_lock
 from partq.storage.writer import Writer
 
@@ -187,11 +188,10 @@ class Store(CommitHooks):
             self._gate.leave()
 
     # ------------------------------------------------------------------ reading
-    @contextmanager
-    def read(self) -> Iterator[Reader]:
-        """A consistent read-only snapshot. Keep it short: the map cannot grow while it is open."""
-        with self.read_transaction() as txn:
-            yield Reader(self, txn)
+    def read(self) -> ReadSnapshot:
+        """A consistent read-only snapshot (``with store.read() as reader``). Keep it short: the
+        map cannot grow while it is open."""
+        return ReadSnapshot(self, self._gate, self._begin)
 
     @contextmanager
     def read_transaction(self) -> Iterator[lmdb.Transaction]:

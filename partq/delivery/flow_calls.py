@@ -212,57 +212,75 @@ class FlowCalls:
         all. Late acks of messages whose partition no longer exists change nothing either way.
         An ack of a message that died since it was handed out (``dead_letter``) raises
         ``FlowFenced`` too: it is in the dead message queue, and acking it changes nothing."""
-        by_p: dict[int, list[int]] = {}     # slot -> seqs
-        slot_of, owner = self.slot_of, self.core.owner
-        stranded: list[int] = []
-        fenced: list[Message] = []
-        dead: list[Message] = []
+        name, slot_of, owner, parts = self.name, self.slot_of, self.core.owner, self.parts
+        msgs = list(msgs)
+        groups: dict[int, list[Message]] = {}       # partition -> its messages, in order
+        for m in msgs:
+            if m[0] != name:
+                raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {name!r}")
+            group = groups.get(m[1])
+            if group is None:
+                groups[m[1]] = [m]
+            else:
+                group.append(m)
+        fid = flow.flow_id
+        if any(owner[slot_of[p]] != fid for p in groups if p in slot_of):
+            fenced = [m for m in msgs if m[1] in slot_of and owner[slot_of[m[1]]] != fid
+                      and not target_holds(self.core, parts[slot_of[m[1]]], slot_of[m[1]], fid,
+                                           m[2])]
+            if fenced:
+                raise fenced_error(name, flow, fenced, "acked")
         recent = recent_dead_of(reader, self.qid)
         # acks written outside delivery not taken in yet: an operator may have killed any of them
         unseen = outside_count(reader, self.qid) != self.outside
-        msgs = list(msgs)
-        for m in msgs:
-            if m.queue != self.name:
-                raise InvalidAck(f"message of queue {m.queue!r} acked on a flow of {self.name!r}")
-            slot = slot_of.get(m.partition)
-            if slot is not None and owner[slot] != flow.flow_id and not target_holds(
-                    self.core, self.parts[slot], slot, flow.flow_id, m.seq):
-                fenced.append(m)
-        if fenced:
-            raise fenced_error(self.name, flow, fenced, "acked")
-        for m in msgs:
-            slot = slot_of.get(m.partition)
+        by_p: dict[int, list[int]] = {}     # slot -> seqs
+        stranded: list[int] = []
+        dead: list[Message] = []
+        for partition, group in groups.items():
+            slot = slot_of.get(partition)
             if slot is None:
-                if m.partition == PARENT:
-                    stranded.append(m.seq)
-                # else removed by scaling: its messages are gone
-                continue
-            ps = self.parts[slot]
-            if ps.stale or m.seq > ps.ack.delivered_mark:
+                if partition == PARENT:
+                    stranded += [m[2] for m in group]
+                continue            # else removed by scaling: its messages are gone
+            ps = parts[slot]
+            top = max(m[2] for m in group)
+            if ps.stale or top > ps.ack.delivered_mark:
                 ps.refresh(reader.ack_state(self.qid, ps.sp),
                            not ps.stale or self._fenced(reader, slot))
-            if m.seq > ps.ack.delivered_mark:
-                raise InvalidAck(f"{self.name} partition {m.partition} seq {m.seq} was never delivered")
-            acked = ps.ack.is_acked(m.seq)
-            if m.seq in ps.dead or ((acked or unseen) and m.seq in recent(ps.sp)):
-                dead.append(m)
-            elif not acked:
-                by_p.setdefault(slot, []).append(m.seq)
+            mark = ps.ack.delivered_mark
+            if top > mark:
+                never = next(m for m in group if m[2] > mark)
+                raise InvalidAck(f"{name} partition {partition} seq {never[2]} was never "
+                                 f"delivered")
+            floor, above, killed = ps.ack.floor, ps.ack.above, ps.dead
+            seqs: list[int] = []
+            for m in group:
+                seq = m[2]
+                acked = seq < floor or seq in above
+                if (killed and seq in killed) or ((acked or unseen) and seq in recent(ps.sp)):
+                    dead.append(m)
+                elif not acked:
+                    seqs.append(seq)
+            if seqs:
+                by_p[slot] = seqs
         if dead:
-            raise dead_error(self.name, flow, dead)
+            killed_ids = {id(m) for m in dead}
+            raise dead_error(name, flow, [m for m in msgs if id(m) in killed_ids])
         if stranded:
             self._check_delivered_from_parent(flow, stranded, reader)
         qid = self.qid
         ops: list[Callable] = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
         if not by_p:
             return ops
+        flows = self.flows
         for p, seqs in by_p.items():
-            ps = self.parts[p]
+            ps = parts[p]
             ps.ack.add(seqs)
+            pop = ps.inflight.pop
             for s in seqs:
-                fid = ps.inflight.pop(s, None)
-                if fid is not None and fid in self.flows:
-                    self.flows[fid].inflight -= 1
+                holder = flows.get(pop(s, None))     # type: ignore[arg-type]
+                if holder is not None:
+                    holder.inflight -= 1
         items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
         ops.append(lambda w: [w.ack(qid, p, seqs) for p, seqs in items])
         actions = []
