@@ -120,6 +120,8 @@ class GroupCommitWriter:
         self.change_log_guard: ChangeLogGuard | None = None
         self._thread: threading.Thread | None = None      # started by the first submit
         self._busy = False        # a commit is under way (the thread's, or a caller's: write_now)
+        self._crowded = False     # the writer thread's last commit carried writes of several
+                                  # callers: a caller that finds it idle is not alone
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """Call ``fn(appended)`` in the committing thread after every commit (must be quick, must not
@@ -147,8 +149,8 @@ class GroupCommitWriter:
         return pending
 
     def write_now(self, op: Callable[[Writer], object]) -> Pending:
-        """``submit`` for a caller that waits for the commit anyway: when no commit is under way
-        and nothing is queued, commit ``op`` in the calling thread (a lone writer saves the
+        """``submit`` for a caller that waits for the commit anyway: when the writer is idle
+        (``claim``), commit ``op`` in the calling thread (a lone writer saves the
         hand-off to the writer thread and back); otherwise queue it for the next shared commit.
         Returns its handle, resolved when committed here."""
         if self.claim():
@@ -156,12 +158,15 @@ class GroupCommitWriter:
         return self.submit(op)
 
     def claim(self) -> bool:
-        """Reserve the next commit for the calling thread: True when no commit is under way
-        and nothing is queued. What is submitted meanwhile queues behind it, so a caller that
+        """Reserve the next commit for the calling thread: True when no commit is under way,
+        nothing is queued, and the writer thread's last commit was not shared (else callers
+        are many, and one committing alone would only split their next commit in two: 32
+        publishing threads averaged 16 writes a commit). What is submitted meanwhile queues
+        behind it, so a caller that
         must order its write under a lock of its own can claim under that lock and commit
         after leaving it. Every True must be followed by ``commit_claimed``."""
         with self._cond:
-            if self._busy or self._pending or self._stopping:
+            if self._busy or self._pending or self._stopping or self._crowded:
                 return False
             self._busy = True
             return True
@@ -208,9 +213,17 @@ class GroupCommitWriter:
                     cond.wait()         # (a caller's commit: one transaction at a time)
                 if not pending:
                     return
+                if self._crowded:
+                    # Callers just woken by the last commit are writing again: let them run
+                    # before taking the batch (32 publishing threads: 16 -> 28 writes a commit).
+                    # Claims are refused meanwhile, and only this thread takes from pending.
+                    cond.release()
+                    time.sleep(0)
+                    cond.acquire()
                 n = min(len(pending), MAX_OPS_PER_COMMIT)
                 batch = [pending.popleft() for _ in range(n)]
                 self._busy = True
+                self._crowded = n > 1
             try:
                 self._commit(batch)
             finally:

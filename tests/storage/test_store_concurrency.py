@@ -157,7 +157,8 @@ def test_a_lone_synchronous_write_commits_in_its_callers_thread(tmp_path, opened
 def test_a_claimed_commit_goes_before_every_write_submitted_after_the_claim(tmp_path, opened):
     """A caller that must order its write under a lock of its own (the dispatcher's acks)
     claims the next commit under that lock and commits after leaving it: what others submit
-    meanwhile queues behind it, and no second claim is granted until it committed."""
+    meanwhile queues behind it, and no second claim is granted until it committed. Nor is
+    one granted while callers are many (the writer thread's last commit was shared)."""
     store = opened(tmp_path / "d", durability="sync")
     make_queue(store)
     order: list[str] = []
@@ -176,5 +177,8 @@ def test_a_claimed_commit_goes_before_every_write_submitted_after_the_claim(tmp_
     later.result()
     waiter.join(30)
     assert order == ["claimed", "submitted after the claim", "written"]
-    assert store.claim_commit()                     # idle again
+    assert not store.claim_commit()     # idle, but the writer's last commit carried two
+    store.write(lambda w: order.append("alone"))    # callers' writes: it takes this one too
+    assert order[-1] == "alone"
+    assert store.claim_commit()                     # idle again, and the last commit a lone one
     store.commit_claimed(lambda w: None).result()
