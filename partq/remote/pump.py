@@ -54,7 +54,8 @@ class Pump:
                                     # stays near PUSH_BYTES (one at first: sizes unknown)
         self._held: list[list[Message]] = []     # received, not pushed yet: the client is slow
         self.stopped = False
-        self._serving = threading.Lock()
+        self._serving = threading.Lock()     # one thread serves the flow at a time
+        self._missed = False        # the pump thread found it served by the connection's thread
 
     def messages(self, ids) -> list[Message]:
         """The messages ``[[partition, seq], ...]`` of a request names, as ack and nack need
@@ -123,19 +124,32 @@ class Pump:
         """Ack ``msgs`` (``messages``) for the client, ``answer(handle)`` (the handle of the
         acks' write), and serve the flow: the room the acks made goes to the client from the
         calling thread (the connection's), before the pump thread, woken by the acks, can take
-        it (it waits for this serve and finds the flow served). When the writer was idle the
-        acks committed in this thread too, and the answer went first: one thread does the
-        round, with no hand-off between threads on the way."""
-        with self._serving:
-            pending = self.flow.ack_many_async(msgs, commit_here=True)
-            answer(pending)
-            if not self.stopped:
-                self._serve()
+        it. When the writer was idle the acks committed in this thread too, and the answer went
+        first: one thread does the round, with no hand-off between threads on the way. If the
+        pump thread came by meanwhile (``serve``), it is woken to look again."""
+        try:
+            with self._serving:
+                self._missed = False    # what it came by for before this serve, this covers
+                pending = self.flow.ack_many_async(msgs, commit_here=True)
+                answer(pending)
+                if not self.stopped:
+                    self._serve()
+        finally:
+            if self._missed:
+                self._wake()
 
     def serve(self) -> bool:
-        """``_serve`` once no other thread serves the flow (the pump thread calls it)."""
-        with self._serving:
+        """``_serve``, from the pump thread, unless the connection's thread serves the flow now
+        (its commit may be slow, and one flow must not hold up the others): then it is marked
+        missed, and the connection's thread wakes the pump thread when it is done."""
+        self._missed = True             # before the try: a holder that leaves sees it
+        if not self._serving.acquire(blocking=False):
+            return False
+        try:
+            self._missed = False
             return self._serve()
+        finally:
+            self._serving.release()
 
     def _serve(self) -> bool:
         """Apply queued nacks, push what the flow has now (without waiting), its events and a

@@ -124,6 +124,29 @@ def test_publish_and_consume_through_the_server(served):
                what="the closed connection unbinds its flow")
 
 
+def test_a_connection_busy_with_its_acks_holds_up_no_other_connections_pushes(served):
+    """The server's one pump thread pushes to every connection. While a connection's own
+    thread serves its flow (after its client's acks, whose commit may be slow: a slow disk,
+    another process holding the write lock), the pump thread passes that flow by instead of
+    waiting for it, and comes back to it afterwards."""
+    broker, serve = served
+    broker.create_queue("other", partitions=1)
+    server = serve()
+    with partq.connect(server.address, token=TOKEN) as a, \
+            partq.connect(server.address, token=TOKEN) as b:
+        flow_a, flow_b = a.bind("q"), b.bind("other")
+        pumps = server.pumps._pumps           # the test stands in for A's connection thread:
+        wait_until(lambda: len(pumps) == 2, 10, "both flows served")
+        busy = next(p for p in pumps if p.flow.queue == "q")
+        with busy._serving:                   # A's thread inside its acks' commit, for long
+            broker.publish("q", b"for a", key="ka")
+            broker.publish("other", b"for b", key="kb")
+            assert [m.payload for m in flow_b.receive(10, timeout=30.0)] == [b"for b"]
+            assert flow_a.receive(10, timeout=0.2) == []     # A's pushes wait for its thread
+        got = flow_a.receive(10, timeout=30.0)
+        assert [m.payload for m in got] == [b"for a"]      # and come once it is done
+
+
 def test_a_wrong_token_or_none_is_refused_and_reads_nothing(served):
     broker, serve = served
     broker.publish("q", b"secret", key="k")
