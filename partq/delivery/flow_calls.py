@@ -17,7 +17,7 @@ from partq.delivery.flow_state import FlowState, dead_error, fenced_error, fence
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Cutover, Holds
 from partq.delivery.key_handoff import draining_hold, early_slots, target_holds
-from partq.delivery.layout import ack_parent_log
+from partq.delivery.layout import ack_parent_log, check_delivered_from_parent
 from partq.delivery.outside import outside_count
 from partq.errors import FlowClosed, InvalidAck
 from partq.message import Message
@@ -267,7 +267,8 @@ class FlowCalls:
             killed_ids = {id(m) for m in dead}
             raise dead_error(name, flow, [m for m in msgs if id(m) in killed_ids])
         if stranded:
-            self._check_delivered_from_parent(flow, stranded, reader)
+            check_delivered_from_parent(self.name, self.qid, flow.flow_id in self.flows,
+                                        stranded, reader)
         qid = self.qid
         ops: list[Callable] = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
         if not by_p:
@@ -288,23 +289,6 @@ class FlowCalls:
             if p in self.core.handoffs:
                 actions += self.core.acked(p, self._outstanding(p), now)
         return ops + self._run(actions, now)
-
-    def _check_delivered_from_parent(self, flow, seqs: list[int], reader) -> None:
-        """Late acks of the parent log come from flows the change of access type unbound, and
-        name only what was delivered (at or below the parent's durable delivered mark). A flow
-        bound to the partitioned queue never received from the parent log, so its acks of it
-        are refused. Raises ``InvalidAck``: no flow can ack stranded messages nobody received."""
-        if flow.flow_id in self.flows:
-            raise InvalidAck(f"{self.name}: a flow of the partitioned queue acked the parent "
-                             f"queue's seq {seqs[0]}, which it was never given; stranded "
-                             f"messages are copied out (`partq copy-out --parent`), not acked")
-        mark = (reader.ack_state(self.qid, PARENT).delivered_mark
-                if reader.has_partition(self.qid, PARENT) else -1)
-        never = [s for s in seqs if s > mark]
-        if never:
-            raise InvalidAck(f"{self.name} parent queue seq {never[0]} was never delivered: its "
-                             f"stranded messages are copied out (`partq copy-out --parent`), "
-                             f"not acked by a flow")
 
     def ack_through(self, flow, sp: int, seq: int, now: float, reader) -> list:
         """Ack every message of storage partition ``sp`` up to ``seq`` (a consumer that reads a

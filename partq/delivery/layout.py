@@ -3,6 +3,7 @@ parent log of an exclusive one (one core slot), and acks of the parent log nothi
 from __future__ import annotations
 
 from partq.config import QueueConfig
+from partq.errors import InvalidAck
 from partq.states import DeliveryMode, ScalingState
 from partq.storage.encoding import PARENT
 
@@ -42,3 +43,23 @@ def ack_parent_log(w, qid: int, seqs) -> int:
     if new:
         w.ack(qid, PARENT, new)
     return len(new)
+
+
+def check_delivered_from_parent(name: str, qid: int, partitioned_flow: bool, seqs: list[int],
+                                reader) -> None:
+    """Late acks of the parent log come from flows the change of access type unbound, and name
+    only what was delivered (at or below the parent's durable delivered mark). A flow bound to
+    the partitioned queue (``partitioned_flow``) never received from the parent log, so its
+    acks of it are refused. Raises ``InvalidAck``: no flow can ack stranded messages nobody
+    received."""
+    if partitioned_flow:
+        raise InvalidAck(f"{name}: a flow of the partitioned queue acked the parent queue's seq "
+                         f"{seqs[0]}, which it was never given; stranded messages are copied "
+                         f"out (`partq copy-out --parent`), not acked")
+    mark = (reader.ack_state(qid, PARENT).delivered_mark
+            if reader.has_partition(qid, PARENT) else -1)
+    never = [s for s in seqs if s > mark]
+    if never:
+        raise InvalidAck(f"{name} parent queue seq {never[0]} was never delivered: its stranded "
+                         f"messages are copied out (`partq copy-out --parent`), not acked by a "
+                         f"flow")
