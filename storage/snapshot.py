@@ -1,7 +1,7 @@
 """``Store.read()``'s context manager: a read snapshot of the newest commit, as a ``Reader``.
 
 A class and not a generator: a receive and an ack each open one, and the generator form (with
-the nested ones it entered) cost 10 us a snapshot against 3 here."""
+the nested ones it entered) cost 10 us a snapshot against 5.5 here."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -29,6 +29,7 @@ class FlowService:
     tally: Tally
     polls: int
     _lock: threading.RLock
+    _ticker: threading.Thread | None
 
     def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
         raise NotImplementedError
@@ -104,8 +105,9 @@ class FlowService:
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
             qd.check_flow(state)
-            if qd.full(state):
-                return []       # nothing to hand out: no snapshot (a server's pump looks often)
+            if qd.full(state) and self._ticker is not None:
+                return []       # nothing to hand out: no snapshot (a server's pump looks
+                                # often); the ticker runs the queue's timers
             claimed = qd.claimed         # before the snapshot (``owner.check``)
             with self.store.read() as r:
                 owner.check(qd, r, claimed)   # another process took delivery over: nothing here

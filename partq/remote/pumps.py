@@ -60,11 +60,11 @@ class Pumps:
     def _run(self) -> None:
         dispatcher = self._dispatcher
         while True:
-            with self._lock:
+            token = dispatcher.change_token()   # before the list: a pump added after it wakes
+            with self._lock:                    # the wait below
                 if self._closed:
                     return
                 pumps = list(self._pumps)
-            token = dispatcher.change_token()
             busy = False
             for pump in pumps:
                 busy = self._serve(pump) or busy

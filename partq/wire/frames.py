@@ -116,7 +116,10 @@ class Outbox:
             self._pending += len(data)
             if self._direct is None or self._writing or self._frames or self._poked:
                 self._frames.append(data)
-                self._cond.notify()
+                if self._room_waiters:      # one notify could wake a waiter for room
+                    self._cond.notify_all()     # instead of the writing thread
+                else:
+                    self._cond.notify()
                 return
             self._writing = True
         sent = 0
@@ -206,12 +209,15 @@ class Outbox:
             return
         with self._cond:
             self._poked = True
-            self._cond.notify()
+            if self._room_waiters:
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()     # the writing thread, and any waiter for room
             due = self._due()
         for fn in due:
             fn()

@@ -119,6 +119,24 @@ def test_max_delivered_unacked_per_flow(broker, partitioner):
     assert (again[0].partition, again[0].seq) == (held[0].partition, held[0].seq)
 
 
+def test_a_flow_holding_all_it_may_still_runs_its_queues_timers(broker, clock):
+    """Without a ticker (a ManualClock) the timers of a queue run in its receives: a receive
+    of a flow that holds all the unacked messages it may hands out nothing and reads nothing
+    to do so, but still runs them (here the rebalance a second flow waits for)."""
+    broker.create_queue("q", partitions=2, max_delivered_unacked_per_flow=1,
+                        rebalance_delay=DELAY, max_handoff_time=HANDOFF)
+    for i in range(8):
+        broker.publish("q", b"%d" % i, key=f"k{i}")
+    first = broker.bind("q")
+    assert len(first.receive(10)) == 1 and first.receive(10) == []     # holds all it may
+    second = broker.bind("q")
+    assert first.partitions == frozenset({0, 1})           # the holddown has not passed
+    for _ in range(3):                  # the holddown, then the handoff's time for acks
+        clock.advance(DELAY + HANDOFF)
+        first.receive(10)               # (a moved partition gives it room again)
+    assert len(first.partitions) == 1 and len(second.partitions) == 1
+
+
 def test_unacked_bound_is_never_exceeded(broker, partitioner):
     broker.create_queue("q", partitions=4, max_delivered_unacked_per_flow=5,
                         partitioner=partitioner)
