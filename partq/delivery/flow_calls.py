@@ -342,7 +342,9 @@ class FlowCalls:
         flow.inflight -= len(back)
         ops = [self._failures_op(ps, ps.count_lost([msg.seq]))]
         if delay > 0:
-            ops.append(delays_op(self.qid, ps.sp, msg.seq, now_ns, delay))
+            op, until = delays_op(self.qid, ps.sp, msg.seq, now_ns, delay)
+            ps.ack.delay([(msg.seq, until)])    # the cursor's own copy: a rebuilt or rewound
+            ops.append(op)                      # cursor waits too, before the write is read
         if slot in self.core.handoffs:
             ops += self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return ops, back
@@ -388,7 +390,8 @@ class FlowCalls:
                              f"{': ' + flow.closed_reason if flow.closed_reason else ''}; bind again")
 
 
-def delays_op(qid: int, sp: int, seq: int, now_ns: int, delay: float) -> Callable:
-    """The write that keeps a nack's delay of ``seq`` durable (``Writer.set_delays``)."""
+def delays_op(qid: int, sp: int, seq: int, now_ns: int, delay: float) -> tuple[Callable, int]:
+    """The write that keeps a nack's delay of ``seq`` durable (``Writer.set_delays``), and
+    when the delay ends (wall clock, ns)."""
     until = now_ns + int(delay * 1e9)
-    return lambda w: w.set_delays(qid, sp, [(seq, until)])
+    return (lambda w: w.set_delays(qid, sp, [(seq, until)])), until

@@ -130,7 +130,8 @@ class PeerAcks:
             cursor = flow.cursor(msg.partition)
             failures = (cursor.ack.failed(msg.seq) if cursor is not None else 0) + 1
             wait = redelivery_wait(config, failures) if delay is None else delay
-            taken = flow.apply_nack(msg, wait, clock.now())
+            until = clock.wall_ns() + int(wait * 1e9) if wait > 0 else 0
+            taken = flow.apply_nack(msg, wait, clock.now(), until)
             if taken is not None:
                 self._reports.append((None, flow))
         self.dispatcher.tally.nacked(self.queue)
@@ -140,14 +141,12 @@ class PeerAcks:
         counts = cursor.count_lost([msg.seq])
         qid, sp = self.qid, msg.partition
 
-        until = clock.wall_ns() + int(wait * 1e9) if wait > 0 else 0
-
         def op(w):
             if self._holds(w, flow, sp, epoch):
                 w.set_failures(qid, sp, counts)
-                if until:
-                    w.set_delays(qid, sp, [(msg.seq, until)])
-        self.store.write(op)
+            if until:       # not fenced: the consumer's delay holds wherever the message goes
+                w.set_delays(qid, sp, [(msg.seq, until)])   # next (its new holder's cursor
+        self.store.write(op)                                 # is read from the store)
         if wait > 0:
             self.dispatcher.wake_at(clock.now() + wait)
         self.dispatcher.notify()

@@ -237,13 +237,18 @@ class PeerFlow:
         resync = set()
         while self._resync:                   # filled by the writer thread (a refused ack)
             resync.add(self._resync.pop())
+        delays: dict[int, dict[int, int]] = {}      # nack delays of the cursors dropped
         for sp, cursor in list(self._cursors.items()):
             if now.get(sp) != cursor.epoch or sp in resync:
                 self._inflight -= len(cursor.inflight)
+                delays[sp] = cursor.ack.delays
                 del self._cursors[sp]
         for sp, epoch in now.items():
             if sp not in self._cursors:
-                self._cursors[sp] = Cursor(sp, ack_state(sp), epoch, keyed)
+                cursor = Cursor(sp, ack_state(sp), epoch, keyed)
+                if delays.get(sp):      # its nacks' writes may not be in the state read
+                    cursor.ack.delay(list(delays[sp].items()))
+                self._cursors[sp] = cursor
         for cursor in self._cursors.values():
             cursor.set_ordering(keyed)
 
@@ -361,16 +366,20 @@ class PeerFlow:
             self._inflight -= 1
         return cursor.epoch
 
-    def apply_nack(self, msg: Message, delay: float,
-                   now: float) -> tuple[Cursor, int, list[int]] | None:
+    def apply_nack(self, msg: Message, delay: float, now: float,
+                   until_ns: int = 0) -> tuple[Cursor, int, list[int]] | None:
         """Give ``msg`` and every later message of its partition in flight back, to be delivered
-        again in order, marked, after ``delay`` seconds (``Cursor.give_back``). Returns the
-        cursor and the epoch it holds the partition under, None when ``msg`` was not in flight
-        to it (nothing changes); raises ``FlowFenced`` when it does not hold the partition."""
+        again in order, marked, after ``delay`` seconds (``Cursor.give_back``; ``until_ns``, the
+        delay's end on the wall clock, is kept in the cursor's ack state too, and so by a cursor
+        that replaces it: ``sync``). Returns the cursor and the epoch it holds the partition
+        under, None when ``msg`` was not in flight to it (nothing changes); raises
+        ``FlowFenced`` when it does not hold the partition."""
         cursor = self._cursor_of(msg, "nacked")
         back = cursor.give_back(msg.seq, self._flow_id, delay, now)
         if back is None:
             return None
+        if until_ns:
+            cursor.ack.delay([(msg.seq, until_ns)])
         self._inflight -= len(back)
         return cursor, cursor.epoch, back
 
