@@ -46,7 +46,7 @@ MARK_LEASE = 1024
 class Cursor:
     __slots__ = ("sp", "next", "ack", "inflight", "redeliver_upto", "high", "error", "chunk",
                  "epoch", "stale", "remote_held", "held_by", "suspect_from", "suspect_upto",
-                 "settled", "wait_until", "keyed", "dead")
+                 "settled", "wait_until", "keyed", "dead", "draining")
 
     def __init__(self, sp: int, ack, epoch: int = 0, keyed: bool = False) -> None:
         self.sp = sp              # the storage partition (PARENT for an exclusive queue)
@@ -64,6 +64,9 @@ class Cursor:
         self.wait_until = 0.0     # a nack's delay holds the partition until then (clock.now())
         self.keyed: KeyOrder | None = KeyOrder() if keyed else None   # ordering="key"
         self.dead: dict[int, None] = {}     # seqs it killed, oldest first
+        # a handoff's target takes from it before the handoff from a flow of another process
+        # ended: what that flow holds (seq -> key, ``peers.peer_handoff``)
+        self.draining: dict[int, str | None] | None = None
         self._suspect(ack)
 
     def note_dead(self, seqs) -> None:
@@ -106,7 +109,13 @@ class Cursor:
         merged with this cursor's own state, whose acks may not have committed yet: acks only
         ever add up. ``settled``: the snapshot already holds the assignment that fences the
         other process (``QueueDelivery._fenced``), so no ack of it can commit after it; until
-        then the cursor stays stale."""
+        then the cursor stays stale. A cursor a handoff's target took from early
+        (``draining``) only takes the acks in: the stored mark is its own."""
+        if self.draining is not None:
+            self.merge_acks(ack)
+            if settled:
+                self.stale, self.draining = False, None
+            return
         mine = self.ack
         floor = max(mine.floor, ack.floor)
         above = {s for s in mine.above if s >= floor} | {s for s in ack.above if s >= floor}
@@ -126,6 +135,21 @@ class Cursor:
             self._suspect(ack)
         if settled:
             self.stale = False
+
+    def merge_acks(self, ack) -> None:
+        """Take in the acks, delivery counts and nack delays of the durable state ``ack``
+        another holder wrote (a handoff's source, while its target takes from the partition
+        already: ``peers.peer_handoff``); nothing else changes (the stored mark is the
+        target's own)."""
+        mine = self.ack
+        if ack.floor > mine.floor:
+            mine.add_through(ack.floor - 1)
+        mine.add([s for s in ack.above if s >= mine.floor])
+        for seq, n in ack.failures.items():
+            if n > mine.failures.get(seq, 0) and not mine.is_acked(seq):
+                mine.failures[seq] = n
+        if ack.delays:
+            mine.delay(list(ack.delays.items()))
 
     def take(self, reader, qid: int, queue: str, flow, want: int, out: list[Message],
              handout: Handout, hold=None) -> None:
@@ -284,11 +308,15 @@ class Cursor:
         if self.keyed is not None:
             self.keyed.clear(now)
 
-    def take_acks(self, ack) -> list[str]:
+    def take_acks(self, ack, early: bool = False) -> list[str]:
         """Acks were written outside delivery (``outside``): take the durable ack state
         ``ack`` in; messages in flight that are acked now leave ``inflight``. Returns the flow
-        ids of those messages, one per message."""
-        self.refresh(ack, settled=not self.stale)
+        ids of those messages, one per message. ``early``: a handoff's target takes from it
+        before the handoff ended (``peers.peer_handoff``): only the acks are taken in."""
+        if early:
+            self.merge_acks(ack)
+        else:
+            self.refresh(ack, settled=not self.stale)
         gone = [s for s in self.inflight if self.ack.is_acked(s)]
         return [self.inflight.pop(s) for s in gone]
 

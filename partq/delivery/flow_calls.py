@@ -16,7 +16,7 @@ from partq.delivery.dead_letter import DeadMessage, dead_op, recent_dead_of, rej
 from partq.delivery.flow_state import FlowState, dead_error, fenced_error, fenced_range
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Cutover, Holds
-from partq.delivery.key_handoff import draining_hold, early_slots, target_holds
+from partq.delivery.key_handoff import Hold, draining_hold, early_slots, target_holds
 from partq.delivery.layout import ack_parent_log, check_delivered_from_parent
 from partq.delivery.outside import outside_count
 from partq.errors import FlowClosed, InvalidAck
@@ -47,6 +47,10 @@ class FlowCalls:
         raise NotImplementedError
 
     def _fenced(self, reader, slot: int) -> bool:
+        raise NotImplementedError
+
+    def take_from_store(self, slot: int, reader, gate: Hold | None,
+                        target: str) -> tuple[Cursor, Hold] | None:
         raise NotImplementedError
 
     def _failures_op(self, ps: Cursor, counts: list[tuple[int, int]]) -> Callable:
@@ -129,7 +133,15 @@ class FlowCalls:
             if len(out) >= want:
                 return
             ps = self.parts[slot]
-            hold = draining_hold(ps, source, holds.gate(ps.sp) if holds is not None else None)
+            gate = holds.gate(ps.sp) if holds is not None else None
+            hold: Hold | None
+            if ps.remote_held:          # a source of another process: from the store
+                found = self.take_from_store(slot, reader, gate, flow.flow_id)
+                if found is None:
+                    continue
+                ps, hold = found
+            else:
+                hold = draining_hold(ps, source, gate)
             if hold is None or ps.keyed is None:
                 continue
             ps.keyed.early = flow.flow_id

@@ -15,7 +15,8 @@ Under "key" a partition also carries the keys in flight on it (``inflight_keys``
 ``KEY_SAMPLE`` of them, and ``inflight_key_count``): the keys a handoff of it would hold, which
 the rebalance dry-run names. A partition a flow of another process holds shows what that flow
 last reported held on it (it reports with its acks, receives and nacks: ``peer_holds``), and
-its keys in flight as not known (count -1).
+its keys in flight as not known (count -1). A handoff in which a flow of another process takes
+part shows the partition's old flow, Paused, until it ends.
 """
 from __future__ import annotations
 
@@ -89,8 +90,7 @@ def peer_holds(ps, now: float) -> list | None:
 def reported_slot(view: SlotView, reported: list | None) -> SlotView:
     """``view`` of a partition a flow of another process holds, with what that flow last
     reported of it (``peer_holds``); unchanged when it reported nothing held. Its keys in
-    flight stay not known (count -1): a handoff from a flow of another process waits as
-    under "partition", and the rebalance dry-run says so."""
+    flight stay not known here (count -1), and the rebalance dry-run says so."""
     if reported is None:
         return view
     try:

@@ -13,11 +13,13 @@ source still held (it timed out or left) comes back to the target, marked redeli
 counted, before any later message of its key (``give_back``) instead of the partition being
 read again from its ack floor.
 
-This applies while the source and the target are flows of the process that runs the queue's
-delivery (every ``partq serve`` client, every flow of a service that embeds the broker) and the
-partition is delivered here; a flow of another process as either end waits as under
-``"partition"``. A source message whose key this runtime does not know (handed out before the
-queue went to ``"key"``) makes its handoff wait as under ``"partition"`` too.
+This module covers a source and a target that are both flows of the process that runs the
+queue's delivery (every ``partq serve`` client, every flow of a service that embeds the broker)
+with the partition delivered here. Where a flow of another process takes part, what the source
+holds is read from the store instead (``peers.peer_handoff``; this process's part in such
+handoffs: ``remote_handoffs``). A source message of this process whose key this runtime does
+not know (handed out before the queue went to ``"key"``) makes its handoff wait as under
+``"partition"``.
 """
 from __future__ import annotations
 
@@ -35,10 +37,11 @@ def early_slots(core, flows: dict, parts: list, flow_id: str) -> list[tuple[int,
         if h.target != flow_id or slot >= len(parts):
             continue
         ps, source, target = parts[slot], flows.get(h.source), flows.get(flow_id)
-        if ps.keyed is None or ps.keyed.leaving or ps.stale or ps.remote_held \
-                or source is None or source.remote is not None \
-                or target is None or target.remote is not None:
+        if ps.keyed is None or ps.keyed.leaving or source is None or target is None \
+                or target.remote is not None:
             continue
+        if ps.stale or ps.remote_held != (source.remote is not None):
+            continue        # (a source of another process: ``peers.peer_handoff``)
         out.append((slot, h.source))
     return sorted(out)
 

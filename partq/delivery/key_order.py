@@ -129,12 +129,22 @@ def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list
     if wake is not None:
         handout.wake_at(wake)
     gated: set[str | None] = set()
+    delays = cursor.ack.delays
     for seq in due:
         if len(out) >= want:
             return
         key, suspect, _ = ko.pending[seq]
-        if key in gated or (hold is not None and hold(seq, key) is not None):
-            gated.add(key)          # its old partition has not drained yet: later
+        if delays and (until := delays.get(seq, 0)) > handout.now_ns:
+            not_before = handout.now + (until - handout.now_ns) / 1e9
+            ko.pending[seq][2] = not_before     # a nack's delay written by another holder
+            handout.wake_at(not_before)         # (a handoff's source): its key waits
+            if key is not None:
+                gated.add(key)
+            continue
+        if (key is not None and key in gated) or (hold is not None
+                                                  and hold(seq, key) is not None):
+            if key is not None:     # an unkeyed message holds back no other
+                gated.add(key)      # its old partition has not drained yet: later
             continue
         ko.release(seq)
         if cursor.ack.is_acked(seq):
@@ -144,7 +154,6 @@ def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list
         if fields is None:
             continue                # gone or damaged: the forward scan met it, and says so
         cursor.hand(seq, fields, flow, handout, out, suspect)
-    delays = cursor.ack.delays
     while len(out) < want and not ko.full() and cursor.error is None:
         batch = reader.records(qid, p, cursor.next, want - len(out) + 8, cursor.chunk)
         if not batch:

@@ -31,6 +31,7 @@ from partq.delivery.key_handoff import early_slots, give_back, keeps_inflight
 from partq.delivery.layout import delivery_layout, describe_mode
 from partq.delivery.moves import Moves
 from partq.delivery.outside import outside_count
+from partq.delivery.remote_handoffs import RemoteHandoffs
 from partq.delivery.saved_state import Assignment, DeliveryView, decode_state, encode_state, view_of
 from partq.delivery.tally import Tally
 from partq.message import FlowChangeUpdate
@@ -41,7 +42,7 @@ log = logging.getLogger("partq.delivery")
 
 
 
-class QueueDelivery(FlowCalls):
+class QueueDelivery(RemoteHandoffs, FlowCalls):
     def __init__(self, config: QueueConfig, reader, now: float, tally: Tally | None = None,
                  now_ns: int = 0) -> None:
         self.config = config
@@ -65,6 +66,7 @@ class QueueDelivery(FlowCalls):
         self.fenced = False         # another process claimed the queue since: step down
         self.seen_version = -1      # store version its config, claim, ... were last read at
         self.parts: list[Cursor] = []
+        self.store_early: dict[int, str] = {}   # ``RemoteHandoffs``
         self.slot_of: dict[int, int] = {}     # storage partition -> slot
         self.cutover = read_cutover(reader, self.qid)  # an online scaling not drained yet
         self._set_index(index, reader)
@@ -153,7 +155,11 @@ class QueueDelivery(FlowCalls):
         counting a lost delivery (rule `delivery-count`)."""
         self.flows.pop(flow.flow_id, None)
         ops = []
-        for ps in self.parts:
+        for slot, ps in enumerate(self.parts):
+            if self.store_early.get(slot) == flow.flow_id:
+                del self.store_early[slot]      # its handoff's source takes the partition on
+                ops += self.drop_from_store(ps, now)
+                continue
             lost = [s for s, f in ps.inflight.items() if f == flow.flow_id]
             for seq in lost:
                 del ps.inflight[seq]
@@ -227,6 +233,13 @@ class QueueDelivery(FlowCalls):
                     source = self.flows.get(self.core.owner[a.p] or "")
                     if source is not None and source.remote is not None:
                         source.reported.pop(a.p, None)  # its counts from before the pause
+                    elif a.p < len(self.parts):
+                        ops += self.settle_for_remote_target(a.p)
+                elif isinstance(a, Resume):
+                    ps = self.parts[a.p] if a.p < len(self.parts) else None
+                    if ps is not None and ps.keyed is not None and ps.settled \
+                            and not ps.remote_held:
+                        ps.stale = True     # a target of another process may have taken from it
                 elif isinstance(a, Redeliver):
                     self._redeliver(a.p, now)
                 elif isinstance(a, Assign):
@@ -253,11 +266,13 @@ class QueueDelivery(FlowCalls):
                     flow = self.flows.get(a.flow)
                     if flow is not None:
                         flow.changed(FlowChangeUpdate(a.active, self.partitions_of(a.flow)))
-                elif not isinstance(a, Resume):
+                else:
                     raise AssertionError(f"unknown action {a!r}")
             actions = []
             for p in paused:
                 actions += self.core.acked(p, self._outstanding(p), now)
+        if self.store_early:
+            ops += self.sweep_from_store(now)
         return ops + self._state_ops(now)
 
     def _settle_ops(self, ps: Cursor) -> list:

@@ -145,7 +145,8 @@ def stored_view(state: StoredState | None, mode: str, index: list[int],
 
 class Assignment:
     """The owner's persisted assignment as a process delivering some of its flows reads it:
-    who holds each slot under which epoch, which slots are paused for a handoff."""
+    who holds each slot under which epoch, which slots are paused for a handoff and to which
+    flow each handoff goes."""
 
     def __init__(self, config, blob: bytes | None) -> None:
         from partq.delivery.layout import delivery_layout
@@ -155,6 +156,7 @@ class Assignment:
         self.owner: list[str | None] = [None] * len(self.index)
         self.epoch = [0] * len(self.index)
         self.paused: set[int] = set()
+        self.handed_to: dict[int, str] = {}     # slot -> the target of its handoff
         self.bound: set[str] = set()
         if state is None or state.mode != mode:
             return
@@ -168,7 +170,8 @@ class Assignment:
         epochs = core.get("epochs", [])
         for slot in range(min(len(epochs), len(self.epoch))):
             self.epoch[slot] = epochs[slot]
-        self.paused = {p for p, _src, _dst in core["handoffs"]}
+        self.handed_to = {h[0]: h[2] for h in core["handoffs"]}
+        self.paused = set(self.handed_to)
 
     def held_by(self, flow_id: str) -> list[tuple[int, int, int]]:
         """(slot, storage partition, epoch) of every slot ``flow_id`` holds while bound."""
@@ -177,11 +180,26 @@ class Assignment:
         return [(slot, self.index[slot], self.epoch[slot])
                 for slot, owner in enumerate(self.owner) if owner == flow_id]
 
-    def holds(self, flow_id: str, sp: int, epoch: int) -> bool:
+    def handed_off_to(self, flow_id: str) -> list[tuple[int, int, int]]:
+        """(slot, storage partition, epoch) of every slot whose handoff goes to ``flow_id``
+        (bound): under ``ordering="key"`` it takes from them before the handoffs end."""
+        if flow_id not in self.bound:
+            return []
+        return [(slot, self.index[slot], self.epoch[slot])
+                for slot, target in sorted(self.handed_to.items())
+                if target == flow_id and slot < len(self.index)]
+
+    def holds(self, flow_id: str, sp: int, epoch: int, early: bool = False) -> bool:
+        """Whether ``flow_id`` holds ``sp`` under ``epoch`` (rule `fencing`). ``early``: it
+        took from ``sp`` as the target of its handoff under ``epoch`` (the source's), which
+        holds while the handoff goes on and once it ended with the flow owning ``sp`` (the
+        next epoch: no other flow held it in between)."""
         if flow_id not in self.bound:
             return False
         try:
             slot = self.index.index(sp)
         except ValueError:
             return False
-        return self.owner[slot] == flow_id and self.epoch[slot] == epoch
+        if early and self.handed_to.get(slot) == flow_id:
+            return self.epoch[slot] == epoch
+        return self.owner[slot] == flow_id and self.epoch[slot] == epoch + early

@@ -71,7 +71,7 @@ class PeerAcks:
         def op(w):
             assignment = self._assignment_in(w)
             lost = [by_msg[(sp, s)] for sp, seqs in by_sp.items() for s in seqs
-                    if assignment is None or not assignment.holds(flow_id, sp, epochs[sp])]
+                    if assignment is None or not assignment.holds(flow_id, sp, *epochs[sp])]
             if lost:
                 flow.resync(by_sp)            # the in-memory acks of the batch did not commit
                 raise fenced_error(name, flow, lost, "acked")
@@ -90,7 +90,7 @@ class PeerAcks:
         qid, name = self.qid, self.queue
 
         def op(w):
-            if not self._holds(w, flow, sp, epoch):
+            if not self._holds(w, flow, sp, (epoch, False)):
                 flow.resync([sp])
                 raise fenced_range(name, flow, sp, seq)
             w.ack_through(qid, sp, seq)
@@ -105,11 +105,12 @@ class PeerAcks:
         self.dispatcher.notify()
         return pending
 
-    def _holds(self, w, flow: PeerFlow, sp: int, epoch: int) -> bool:
-        """Whether, in write ``w``, ``flow`` still holds ``sp`` under ``epoch`` (rule
+    def _holds(self, w, flow: PeerFlow, sp: int, fence: tuple[int, bool]) -> bool:
+        """Whether, in write ``w``, ``flow`` still holds ``sp`` under ``fence`` (its epoch, and
+        whether it took from ``sp`` as its handoff's target: ``PeerFlow.fence``; rule
         `fencing`): what it writes for the partition otherwise changes nothing."""
         assignment = self._assignment_in(w)
-        return assignment is not None and assignment.holds(flow.flow_id, sp, epoch)
+        return assignment is not None and assignment.holds(flow.flow_id, sp, *fence)
 
     def _assignment_in(self, w) -> Assignment | None:
         """The owner's assignment of this queue in write ``w``; None once the queue is gone
@@ -137,12 +138,12 @@ class PeerAcks:
         self.dispatcher.tally.nacked(self.queue)
         if taken is None:
             return []
-        cursor, epoch, back = taken
+        cursor, fence, back = taken
         counts = cursor.count_lost([msg.seq])
         qid, sp = self.qid, msg.partition
 
         def op(w):
-            if self._holds(w, flow, sp, epoch):
+            if self._holds(w, flow, sp, fence):
                 w.set_failures(qid, sp, counts)
             if until:       # not fenced: the consumer's delay holds wherever the message goes
                 w.set_delays(qid, sp, [(msg.seq, until)])   # next (its new holder's cursor
@@ -162,10 +163,10 @@ class PeerAcks:
             taken = flow.apply_reject(msg)
         if taken is None:
             return
-        cursor, epoch = taken
+        cursor, fence = taken
         dead = [rejected(msg.partition, msg.seq, cursor.ack.failed(msg.seq) + 1)]
         write = dead_op(self.queue, self.qid, dead, self.dispatcher.clock.wall_ns(),
-                        lambda w, sp: self._holds(w, flow, sp, epoch))
+                        lambda w, sp: self._holds(w, flow, sp, fence))
         self._submit_reported(flow, write).result()
 
     def _settle(self, flows: list[PeerFlow]) -> None:
@@ -173,8 +174,8 @@ class PeerAcks:
         exact first (``PeerFlow.settle``), fenced, so the next holder counts only what they
         really delivered. Best effort: a failure leaves the counts as after a crash."""
         with self.lock:
-            settles = [(flow, sp, epoch, settled) for flow in flows
-                       for sp, epoch, settled in flow.settle()]
+            settles = [(flow, sp, fence, settled) for flow in flows
+                       for sp, fence, settled in flow.settle()]
         self._write_settles(settles)
 
     def _write_settles(self, settles: list) -> None:
@@ -186,8 +187,8 @@ class PeerAcks:
             log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
 
     def _settle_op(self, w, settles: list) -> None:
-        """``Writer.settle`` of each ``(flow, partition, epoch, settle)`` the flow still holds
+        """``Writer.settle`` of each ``(flow, partition, fence, settle)`` the flow still holds
         (fenced: one that lost it changes nothing)."""
-        for flow, sp, epoch, (expected, mark, counted, counts) in settles:
-            if self._holds(w, flow, sp, epoch):
+        for flow, sp, fence, (expected, mark, counted, counts) in settles:
+            if self._holds(w, flow, sp, fence):
                 w.settle(self.qid, sp, expected, mark, counted, counts)

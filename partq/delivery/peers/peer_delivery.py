@@ -5,7 +5,8 @@ readers in many processes and serialises writers): consumption scales past one p
 owner coordinates over the control channel (``control``): it runs the rebalancer and persists
 its state (assignments, pauses, epochs) with every change; a peer reads that state from
 the store before each receive, delivers only the partitions assigned to its flow and not paused
-for a handoff, and reports back what it holds unacked so that a handoff can complete.
+for a handoff (and, under ``ordering="key"``, those handed off to it, early: ``peer_handoff``),
+and reports back what it holds unacked so that a handoff can complete.
 
 Fencing (rule `fencing`): an ack is written in this process's own write transaction, which first reads
 the owner's persisted state and refuses (``FlowFenced``, nothing written) unless the flow still
@@ -31,6 +32,7 @@ from partq.delivery.outside import outside_count
 from partq.delivery.peers.link import OwnerLink
 from partq.delivery.peers.peer_acks import PeerAcks
 from partq.delivery.peers.peer_flow import PeerFlow
+from partq.delivery.peers.peer_handoff import read_draining
 from partq.delivery.saved_state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
@@ -93,7 +95,9 @@ class PeerQueue(PeerAcks):
 
     def _note_pauses(self) -> None:
         """Under the lock (no receive of this process takes meanwhile): when the store changed,
-        read the assignment again and report the flows whose paused partitions changed."""
+        read the assignment again and report the flows whose paused partitions changed, after
+        settling those partitions (so that a handoff's target under "key" can read from the
+        store what its flow still holds: ``peer_handoff``, whether or not it receives)."""
         if self._closing or not self.flows:
             return
         try:
@@ -105,8 +109,9 @@ class PeerQueue(PeerAcks):
                 assignment = self._read_assignment(r)
         except Exception:   # the store closing, the queue deleted: the link thread
             return          # must go on (beats); the flows' own receives say what happened
-        for flow in self.flows.values():
-            self._see_pauses(flow, assignment)
+        settles = [(flow, *s) for flow in self.flows.values()
+                   for s in flow.settle(self._see_pauses(flow, assignment))]
+        self._write_settles(settles)
 
     def _see_pauses(self, flow: PeerFlow, assignment: Assignment) -> frozenset[int]:
         """Under the lock: ``flow``'s partitions paused for a handoff in ``assignment``; when
@@ -293,7 +298,7 @@ class PeerQueue(PeerAcks):
                     taken = self._take(flow, assignment, r, max_messages)
             if taken is None:
                 return []
-            out, handout, held = taken
+            out, handout, fences = taken
             if handout.wake is not None:
                 self.dispatcher.wake_at(handout.wake)
             if not out:
@@ -301,7 +306,7 @@ class PeerQueue(PeerAcks):
         if not handout.empty():
             seen: dict[int, int] = {}         # marks another process wrote since the read
             writes = handout.ops(self.queue, self.qid, seen,
-                                 lambda w, sp: self._holds(w, flow, sp, held[sp]))
+                                 lambda w, sp: self._holds(w, flow, sp, fences[sp]))
             try:
                 self.store.write(lambda w: [write(w) for write in writes])
             except BaseException:
@@ -319,17 +324,19 @@ class PeerQueue(PeerAcks):
                 self._reports.append((None, flow))
         return out
 
-    def _take(self, flow: PeerFlow, assignment: Assignment, r,
-              max_messages: int) -> tuple[list[Message], Handout, dict[int, int]] | None:
+    def _take(self, flow: PeerFlow, assignment: Assignment, r, max_messages: int
+              ) -> tuple[list[Message], Handout, dict[int, tuple[int, bool]]] | None:
         """Under the lock, in snapshot ``r``: what ``flow`` takes of its partitions not paused
-        (the messages, the handout to make durable first, and the epoch of each partition);
-        None when it takes nothing (egress off, no credit, no partition)."""
+        and of those handed off to it that it takes from already (the messages, the handout to
+        make durable first, and the fence of each partition: ``PeerFlow.fence``); None when it
+        takes nothing (egress off, no credit, no partition)."""
         config = assignment.config
         want = min(max_messages, flow.credit(config.max_delivered_unacked_per_flow))
         if not config.egress_enabled or want <= 0:
             return None
-        held = {sp: epoch for slot, sp, epoch in assignment.held_by(flow.flow_id)
+        held = {sp: (epoch, False) for slot, sp, epoch in assignment.held_by(flow.flow_id)
                 if slot not in assignment.paused}
+        held.update(flow.early())
         if not held:
             return None
         cutover = read_cutover(r, self.qid)
@@ -348,8 +355,10 @@ class PeerQueue(PeerAcks):
         line with it (under the lock)."""
         assignment = self._read_assignment(r)
         qid = self.qid
-        flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp),
-                  assignment.config.ordering == "key")
+        keyed = assignment.config.ordering == "key"
+        flow.sync(assignment.held_by(flow.flow_id), lambda sp: r.ack_state(qid, sp), keyed,
+                  assignment.handed_off_to(flow.flow_id) if keyed else [],
+                  lambda sp: read_draining(r, qid, sp), self._paused(flow, assignment))
         flow.take_outside_acks(outside_count(r, qid), lambda sp: r.ack_state(qid, sp))
         return assignment
 
