@@ -16,6 +16,9 @@ real time, with its ticker).
    waits for A's acks (~1 s); under "key" B gets the keys A does not hold once the rebalance
    delay passed (~0.2 s). Beside it, per side: the messages B received before A acked, the keys
    of the moving partition A held, and how many messages B got of a key A still held (must be 0).
+   The same again with B a flow of another process (a second Broker on the directory, served
+   through the control socket): ``handoff_first_message_seconds_key_other_process`` beside
+   ``..._partition_other_process``.
 2. Consuming during a nack's delay. A queue of 1 partition prefilled with 20,000 keyed 256-byte
    messages over 50 keys (round-robin; untimed). One flow receives(100) + ack_many; in its first
    batch, the first message (the first of its key) is nacked with ``delay=2.0`` and the rest of
@@ -87,70 +90,82 @@ def fill(b: partq.Broker, n: int, keys: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- 1. handoff
-def handoff_slice(ordering: str, p: Params, details: list[dict]) -> float:
-    """Seconds from B's bind to B's first message; the slice's other figures go to ``details``."""
+def handoff_slice(ordering: str, p: Params, details: list[dict], peer: bool = False) -> float:
+    """Seconds from B's bind to B's first message; the slice's other figures go to ``details``.
+    ``peer``: B is a flow of another Broker on the directory (a flow of another process, served
+    by A's broker through the control socket)."""
     with scratch_dir() as d, partq.Broker.open(d) as b:
-        b.create_queue("q", partitions=2, rebalance_delay=p.rebalance_delay,
-                       max_handoff_time=p.max_handoff_time, ordering=ordering)
-        fill(b, p.handoff_messages, HANDOFF_KEYS)
-        a = b.bind("q", name="A")
-        if a.partitions != {0, 1}:
-            raise RuntimeError(f"A, the first flow, holds {sorted(a.partitions)}, not both")
-        moving = max(a.partitions)          # the donor's highest-numbered partition moves
-        held: list[partq.Message] = []
-        for _ in range(20):
-            held += a.receive(A_BATCH, timeout=1.0)
-            if any(m.partition == moving for m in held):
-                break
-        held_keys = {m.key for m in held if m.partition == moving}
-        if not held_keys:
-            raise RuntimeError(f"A holds nothing of partition {moving} after {len(held)} messages")
-        partition_keys = {k for k in HANDOFF_KEYS if partq.key_partition(k, 2) == moving}
-
-        acking = threading.Event()          # set just before A's ack_many starts
-        ack_error: list[BaseException] = []
-
-        def slow_consumer(bound_at: float) -> None:
-            time.sleep(max(0.0, bound_at + p.hold - time.perf_counter()))
-            acking.set()
-            try:
-                a.ack_many(held)
-            except BaseException as exc:    # raised by the slice below
-                ack_error.append(exc)
-
-        bound_at = time.perf_counter()
-        consumer_b = b.bind("q", name="B")
-        acker = threading.Thread(target=slow_consumer, args=(bound_at,))
-        acker.start()
-        first: float | None = None
-        before_ack = early_held = 0
+        other = partq.Broker.open(d) if peer else None
         try:
-            while first is None or acker.is_alive():
-                if time.perf_counter() - bound_at > GIVE_UP:
-                    raise RuntimeError(f"B got no message within {GIVE_UP} s of its bind")
-                got = consumer_b.receive(100, timeout=B_POLL)
-                if not got:
-                    continue
-                returned = time.perf_counter()
-                if first is None:
-                    first = returned - bound_at
-                if not acking.is_set():     # handed out while A still held all it received
-                    before_ack += len(got)
-                    early_held += sum(m.key in held_keys for m in got)
-                consumer_b.ack_many(got)
+            return _handoff(b, other, ordering, p, details)
         finally:
-            acker.join()
-        if ack_error:
-            raise ack_error[0]
-        if consumer_b.partitions != {moving}:
-            raise RuntimeError(f"B holds {sorted(consumer_b.partitions)}, not [{moving}]")
-        details.append({"before_ack": before_ack, "held_keys": len(held_keys),
-                        "held_messages": sum(m.partition == moving for m in held),
-                        "partition_keys": len(partition_keys), "early_held": early_held})
-        log(SCRIPT, f"handoff {ordering}: first message after {first:.3f} s; B got {before_ack} "
-                    f"before A acked; A held {len(held_keys)} of {len(partition_keys)} keys of "
-                    f"partition {moving}; B got {early_held} of those keys early")
-        return first
+            if other is not None:
+                other.close()
+
+
+def _handoff(b: partq.Broker, other: partq.Broker | None, ordering: str, p: Params,
+             details: list[dict]) -> float:
+    b.create_queue("q", partitions=2, rebalance_delay=p.rebalance_delay,
+                   max_handoff_time=p.max_handoff_time, ordering=ordering)
+    fill(b, p.handoff_messages, HANDOFF_KEYS)
+    a = b.bind("q", name="A")
+    if a.partitions != {0, 1}:
+        raise RuntimeError(f"A, the first flow, holds {sorted(a.partitions)}, not both")
+    moving = max(a.partitions)          # the donor's highest-numbered partition moves
+    held: list[partq.Message] = []
+    for _ in range(20):
+        held += a.receive(A_BATCH, timeout=1.0)
+        if any(m.partition == moving for m in held):
+            break
+    held_keys = {m.key for m in held if m.partition == moving}
+    if not held_keys:
+        raise RuntimeError(f"A holds nothing of partition {moving} after {len(held)} messages")
+    partition_keys = {k for k in HANDOFF_KEYS if partq.key_partition(k, 2) == moving}
+
+    acking = threading.Event()          # set just before A's ack_many starts
+    ack_error: list[BaseException] = []
+
+    def slow_consumer(bound_at: float) -> None:
+        time.sleep(max(0.0, bound_at + p.hold - time.perf_counter()))
+        acking.set()
+        try:
+            a.ack_many(held)
+        except BaseException as exc:    # raised by the slice below
+            ack_error.append(exc)
+
+    bound_at = time.perf_counter()
+    consumer_b = (other or b).bind("q", name="B")
+    acker = threading.Thread(target=slow_consumer, args=(bound_at,))
+    acker.start()
+    first: float | None = None
+    before_ack = early_held = 0
+    try:
+        while first is None or acker.is_alive():
+            if time.perf_counter() - bound_at > GIVE_UP:
+                raise RuntimeError(f"B got no message within {GIVE_UP} s of its bind")
+            got = consumer_b.receive(100, timeout=B_POLL)
+            if not got:
+                continue
+            returned = time.perf_counter()
+            if first is None:
+                first = returned - bound_at
+            if not acking.is_set():     # handed out while A still held all it received
+                before_ack += len(got)
+                early_held += sum(m.key in held_keys for m in got)
+            consumer_b.ack_many(got)
+    finally:
+        acker.join()
+    if ack_error:
+        raise ack_error[0]
+    if consumer_b.partitions != {moving}:
+        raise RuntimeError(f"B holds {sorted(consumer_b.partitions)}, not [{moving}]")
+    details.append({"before_ack": before_ack, "held_keys": len(held_keys),
+                    "held_messages": sum(m.partition == moving for m in held),
+                    "partition_keys": len(partition_keys), "early_held": early_held})
+    log(SCRIPT, f"handoff {ordering}: first message after {first:.3f} s; B got {before_ack} "
+                f"before A acked; A held {len(held_keys)} of {len(partition_keys)} keys of "
+                f"partition {moving}; B got {early_held} of those keys early")
+    return first
 
 
 # ---------------------------------------------------------------------------- 2. nack delay
@@ -254,6 +269,26 @@ def main(argv: list[str] | None = None) -> int:
               old_flow_acks_after_s=p.hold,
               note=f"2 partitions; A holds a batch of the moving partition unacked for "
                    f"{p.hold} s after B binds; seconds from B's bind to its first message"))
+
+    # 1b. handoff into a flow of another process
+    pd: dict[str, list[dict]] = {side: [] for side in SIDES}
+    ps = interleave([(side, partial(handoff_slice, side, p, pd[side], True)) for side in SIDES],
+                    pairs=pairs, warm=warm, script=SCRIPT)
+    pr = {side: rounds_of(pd, ps, side) for side in SIDES}
+    before = per_side(pr, "before_ack")
+    emit(line("handoff_first_message_seconds_key_other_process", "s", ps["key"],
+              "handoff_first_message_seconds_partition_other_process", ps["partition"],
+              digits=3, better="lower",
+              received_before_old_flow_acked=med(before["key"]),
+              peer_received_before_old_flow_acked=med(before["partition"]),
+              received_before_old_flow_acked_rounds=before,
+              old_flow_held_keys_rounds=per_side(pr, "held_keys"),
+              received_keys_old_flow_still_held=per_side(pr, "early_held"),
+              messages=p.handoff_messages, keys=len(HANDOFF_KEYS),
+              rebalance_delay=p.rebalance_delay, max_handoff_time=p.max_handoff_time,
+              old_flow_acks_after_s=p.hold,
+              note="as the line above, B bound through a second Broker on the directory (a "
+                   "flow of another process: it reads what A holds from the store)"))
 
     # 2. nack delay
     nd: dict[str, list[dict]] = {side: [] for side in SIDES}

@@ -1,7 +1,8 @@
 """bench/key_ordering.py --quick runs and prints its JSON lines (shape only: no timing is
 asserted), and what it counts that ordering rules fix (not the clock) holds: B never gets a key A
-still holds, B gets nothing of the moving partition before A acked under "partition", the nacked
-key is never delivered during its delay, and the nacked message comes back first."""
+still holds (B a flow of this process or of another), B gets nothing of the moving partition
+before A acked under "partition", the nacked key is never delivered during its delay, and the
+nacked message comes back first."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +14,7 @@ from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
 HANDOFF = "handoff_first_message_seconds_key"
+OTHER = "handoff_first_message_seconds_key_other_process"
 NACK = "consume_other_keys_during_nack_delay_key"
 
 
@@ -25,7 +27,7 @@ def test_key_ordering_bench_quick_prints_json_lines(tmp_path):
     # the peers (the "partition" sides) are not lines of their own; the partition side of the
     # nack line consumes 0 msgs/s, so its ratio is null (method.ratios skips a peer of 0)
     lines = check_bench_lines(proc.stdout.splitlines(),
-                              {"load_average_at_start", HANDOFF, NACK},
+                              {"load_average_at_start", HANDOFF, OTHER, NACK},
                               positive=False, peers_in_run=False, ratio_from="measured")
     assert next(iter(lines)) == "load_average_at_start" and lines["load_average_at_start"]["quick"]
 
@@ -37,6 +39,12 @@ def test_key_ordering_bench_quick_prints_json_lines(tmp_path):
     assert handoff["peer_received_before_old_flow_acked"] == 0
     assert all(n >= 1 for side in ("key", "partition")
                for n in handoff["old_flow_held_keys_rounds"][side])
+
+    other = lines[OTHER]        # B a flow of another process: the same rules hold
+    assert other["peer"] == "handoff_first_message_seconds_partition_other_process"
+    assert other["value"] > 0 and other["peer_value"] > 0
+    assert other["received_keys_old_flow_still_held"] == {"key": [0], "partition": [0]}
+    assert other["peer_received_before_old_flow_acked"] == 0
 
     nack = lines[NACK]
     assert nack["peer"] == "consume_other_keys_during_nack_delay_partition"
