@@ -110,11 +110,14 @@ class Cursor:
         ever add up. ``settled``: the snapshot already holds the assignment that fences the
         other process (``QueueDelivery._fenced``), so no ack of it can commit after it; until
         then the cursor stays stale. A cursor a handoff's target took from early
-        (``draining``) only takes the acks in: the stored mark is its own."""
+        (``draining``) only takes the acks in: the stored mark is its own; once the partition
+        is this process's (no longer ``remote_held``) it is a cursor like any other."""
         if self.draining is not None:
             self.merge_acks(ack)
             if settled:
-                self.stale, self.draining = False, None
+                self.stale = False
+                if not self.remote_held:
+                    self.draining = None
             return
         mine = self.ack
         floor = max(mine.floor, ack.floor)

@@ -252,6 +252,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                             if not ps.remote_held and not ps.stale:
                                 ops += self._settle_ops(ps)
                             ps.remote_held = True     # its process reads and acks it itself
+                            ps.draining = None        # (``remote_handoffs``): read it all again
                         elif ps.inflight and not ps.remote_held:
                             # the old flow's deliveries ended unacked (its handoff timed out);
                             # the new flow's, taken during a handoff under "key", go on
@@ -262,6 +263,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                             ps.stale, ps.remote_held = True, False   # read its state again
                         if a.flow is None:
                             self._forget_inflight(ps)
+                            ps.draining = None
                 elif isinstance(a, FlowActive):
                     flow = self.flows.get(a.flow)
                     if flow is not None:

@@ -48,14 +48,16 @@ import partq
 def bind_all(broker, names, queue):
     """Bind every flow, or none. Another consumer process of the harness binds the same names:
     its flows are served to this process too (rule `peer-flows`), so a name it holds is refused here until
-    it dies; this process then waits, as a standby consumer process, and takes over."""
+    it dies; this process then waits, as a standby consumer process, and takes over. A bind
+    whose commit found another process had taken the queue's delivery over while this one was
+    stopped raises ``FlowClosed`` ("bind again"): so it does."""
     while True:
         flows = []
         try:
             for n in names:
                 flows.append(broker.bind(queue, name=n))
             return flows
-        except (partq.DeliveryLocked, partq.InvalidConfig):
+        except (partq.DeliveryLocked, partq.InvalidConfig, partq.FlowClosed):
             for flow in flows:
                 flow.unbind()
             time.sleep(0.02)   # not a test's wait: a process standing by for its names
@@ -225,7 +227,11 @@ def main(argv=None) -> int:
             elif flows[-1] is None:
                 away -= 1
                 if away <= 0:
-                    flows[-1] = broker.bind(args.queue, name=names[-1])
+                    try:
+                        flows[-1] = broker.bind(args.queue, name=names[-1])
+                    except partq.FlowClosed:
+                        away = 1        # its delivery was taken over while it was stopped
+                                        # in the bind: "bind again"
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ class PeerCursors:
         self._inflight = 0
 
     def sync(self, held: list[tuple[int, int, int]], ack_state: Callable[[int], AckState],
-             keyed: bool = False, early: list[tuple[int, int, int]] = (),   # type: ignore[assignment]
+             keyed: bool = False, early: Iterable[tuple[int, int, int]] = (),
              draining: Callable[[int], tuple[AckState, dict] | None] | None = None,
              paused: Iterable[int] = ()) -> None:
         """Bring its cursors in line with the owner's assignment ``held`` ((slot, partition,
