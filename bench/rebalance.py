@@ -22,7 +22,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import partq
-from partq.core.rebalancer import Pause, Rebalancer
+from partq.core.actions import Pause
+from partq.core.rebalancer import Rebalancer
 
 
 def emit(name: str, unit: str, value: float, peer: str | None = None,

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from partq.core.rebalancer import Assign, FlowInfo, Handoff, Pause, Rebalancer
+from partq.core.actions import Assign, FlowInfo, Handoff, Pause
+from partq.core.rebalancer import Rebalancer
 from partq.errors import InvalidConfig
 
 

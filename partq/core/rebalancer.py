@@ -30,67 +30,23 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from partq.core.actions import (
+    Action,
+    Assign,
+    FlowActive,
+    FlowInfo,
+    Handoff,
+    Pause,
+    Redeliver,
+    Resume,
+)
 from partq.states import PartitionState, RebalanceState
 
 # Partition statuses (rule `partition-status`), rebalancing statuses (rule `rebalance-status`).
 UNASSIGNED, READY, PAUSED, UNBOUND = (PartitionState.UNASSIGNED, PartitionState.READY,
                                       PartitionState.PAUSED, PartitionState.UNBOUND)
 HOLDDOWN, REBALANCING = RebalanceState.HOLDDOWN, RebalanceState.REBALANCING
-
-
-# ---------------------------------------------------------------------- actions
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Stop delivering partition ``p`` to its flow; new and undelivered messages stay."""
-    p: int
-
-
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Partition ``p`` now belongs to ``flow`` (None: to nobody, e.g. removed by scaling)."""
-    p: int
-    flow: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Redeliver:
-    """Deliver ``p`` again from its ack floor: unacked messages go out again, in order, marked
-    redelivered (the previous owner is gone or timed out)."""
-    p: int
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """Delivery of ``p`` to its (new) owner may proceed."""
-    p: int
-
-
-@dataclass(frozen=True, slots=True)
-class FlowActive:
-    """FlowChangeUpdate: ``flow`` became active (holds partitions) or inactive (holds none)."""
-    flow: str
-    active: bool
-
-
-Action = Pause | Assign | Redeliver | Resume | FlowActive
-
-
-@dataclass(slots=True)
-class FlowInfo:
-    flow_id: str
-    name: str | None
-    order: int
-    bound: bool = True
-    partitions: set[int] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class Handoff:
-    source: str
-    target: str
-    deadline: float
 
 
 class Rebalancer:

@@ -21,7 +21,8 @@ import logging
 from collections.abc import Callable
 
 from partq.config import QueueConfig
-from partq.core.rebalancer import Assign, FlowActive, Pause, Rebalancer, Redeliver, Resume
+from partq.core.actions import Assign, FlowActive, Pause, Redeliver, Resume
+from partq.core.rebalancer import Rebalancer
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_calls import FlowCalls
 from partq.delivery.flow_state import FlowState

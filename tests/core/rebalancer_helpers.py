@@ -2,7 +2,8 @@
 ``pythonpath``): drive the core, read the actions it returns, check its invariants."""
 from __future__ import annotations
 
-from partq.core.rebalancer import PAUSED, READY, Assign, Pause, Rebalancer
+from partq.core.actions import Assign, Pause
+from partq.core.rebalancer import PAUSED, READY, Rebalancer
 
 DELAY = 5.0
 HANDOFF = 3.0

@@ -21,18 +21,8 @@ from rebalancer_helpers import (
     sizes,
 )
 
-from partq.core.rebalancer import (
-    HOLDDOWN,
-    PAUSED,
-    READY,
-    REBALANCING,
-    UNBOUND,
-    Assign,
-    FlowActive,
-    Rebalancer,
-    Redeliver,
-    Resume,
-)
+from partq.core.actions import Assign, FlowActive, Redeliver, Resume
+from partq.core.rebalancer import HOLDDOWN, PAUSED, READY, REBALANCING, UNBOUND, Rebalancer
 
 
 # ---------------------------------------------------------------------- partition rebalancing
