@@ -29,9 +29,9 @@ from partq import errors
 from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavailable
 from partq.flow import Flow
 from partq.message import PublishResult
+from partq.remote.answers import EachAnswer, items_of, result_of, results_of
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.wire.error_frames import error_from_frame
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
 
@@ -76,36 +76,6 @@ def client_context(ssl: ssl_module.SSLContext | bool | None) -> ssl_module.SSLCo
                                f"None, not {type(ssl).__name__}")
 
 
-class _Each:
-    """The answer to a coalesced ``publish_each``: one result (or error) per publish."""
-
-    __slots__ = ("pendings",)
-
-    def __init__(self, pendings: list[RemotePending]) -> None:
-        self.pendings = pendings
-
-    def resolve(self, frame: dict | None, error: BaseException | None = None) -> None:
-        """Resolve each publish with its result or error; a malformed answer resolves the ones
-        it leaves open with ``ProtocolMismatch``."""
-        if error is None and frame is not None and frame.get("op") == "error":
-            error = error_from_frame(frame)
-        if error is not None or frame is None:
-            for p in self.pendings:
-                p.resolve(None, error or ServerUnavailable("no answer from the server"))
-            return
-        new = tuple.__new__
-        try:
-            for p, result in zip(self.pendings, frame["results"], strict=True):
-                if isinstance(result, dict):
-                    p.resolve(None, error_from_frame(result))
-                else:
-                    part, seq, discarded = result
-                    p.set(new(PublishResult, (part, seq, bool(discarded))))
-        except Exception as exc:  # the first answer stands: this reaches the unanswered ones
-            for p in self.pendings:
-                p.resolve(None, ProtocolMismatch(f"malformed answer from the server: {exc!r}"))
-
-
 class _HandshakeDropped(ServerUnavailable):
     """The server closed the connection during the handshake (``Client._first_open``)."""
 
@@ -122,31 +92,6 @@ def _hang_up(sock: socket.socket, stream, outbox: Outbox) -> None:
     sock.close()
 
 
-def _result(frame: dict):
-    return frame["result"]
-
-
-def _results(frame: dict) -> list[PublishResult]:
-    """The results of a publish's answer (built without NamedTuple's argument handling: a
-    quarter of a publishing client's CPU went to it)."""
-    new = tuple.__new__
-    return [new(PublishResult, (p, s, bool(d))) for p, s, d in frame["results"]]
-
-
-def _items(items: Iterable) -> list:
-    """Batch items (payload, (payload, key) or (payload, key, headers)) as sent: each a
-    triple (msgpack sends a tuple as the list the server reads)."""
-    out = []
-    for item in items:
-        if type(item) is tuple:
-            out.append(item if len(item) == 3 else item + (None,) * (3 - len(item)))
-        elif isinstance(item, tuple):           # a NamedTuple of the application's
-            out.append(tuple(item) + (None,) * (3 - len(item)))
-        else:
-            out.append((item, None, None))
-    return out
-
-
 class Client:
     def __init__(self, address: str, token: bytes | None,
                  ssl_context: ssl_module.SSLContext | None, timeout: float,
@@ -156,7 +101,7 @@ class Client:
         self._token, self._ssl, self.timeout = token, ssl_context, timeout
         self._lock = threading.Lock()
         self._connected = threading.Condition(self._lock)
-        self._requests: dict[int, RemotePending | _Each] = {}
+        self._requests: dict[int, RemotePending | EachAnswer] = {}
         self._singles: list[tuple[str, list, RemotePending]] = []    # publish_async, unsent
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
@@ -390,7 +335,7 @@ class Client:
         Many may be in flight on one connection: the ones made while a write is under way go
         together in the next frame, and into one of the server's commits (each message still
         succeeds or fails alone)."""
-        pending = RemotePending(_result)
+        pending = RemotePending(result_of)
         with self._lock:
             self._wait_connected()
             self._singles.append((queue, [payload, key, headers], pending))
@@ -418,7 +363,7 @@ class Client:
                     self._next_req += 1
                     req = self._next_req
                     part = group[start:end]
-                    self._requests[req] = _Each([p for _, p in part])
+                    self._requests[req] = EachAnswer([p for _, p in part])
                     frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
                                                 "items": [item for item, _ in part]}))
                     start = end
@@ -439,7 +384,7 @@ class Client:
     def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
         """Publish a batch in one transaction on the server (all or nothing)."""
         return self.request({"op": "publish", "queue": queue,
-                             "items": _items(items)}, _results).result()
+                             "items": items_of(items)}, results_of).result()
 
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
              skip_corrupt: bool = False) -> Flow:
