@@ -236,10 +236,11 @@ class FlowCalls:
             else:
                 group.append(m)
         fid = flow.flow_id
-        if any(owner[slot_of[p]] != fid for p in groups if p in slot_of):
-            fenced = [m for m in msgs if m[1] in slot_of and owner[slot_of[m[1]]] != fid
-                      and not target_holds(self.core, parts[slot_of[m[1]]], slot_of[m[1]], fid,
-                                           m[2])]
+        foreign = {p: slot for p in groups if (slot := slot_of.get(p)) is not None
+                   and owner[slot] != fid}      # held by another flow (or handed off to this)
+        if foreign:
+            fenced = [m for p, slot in foreign.items() for m in groups[p]
+                      if not target_holds(self.core, parts[slot], slot, fid, m[2])]
             if fenced:
                 raise fenced_error(name, flow, fenced, "acked")
         recent = recent_dead_of(reader, self.qid)
