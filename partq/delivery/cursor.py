@@ -129,6 +129,8 @@ class Cursor:
         for seq, n in mine.failures.items():
             if n > ack.failures.get(seq, 0) and seq >= floor and seq not in above:
                 ack.failures[seq] = n
+        if mine.delays:         # a nack's delay whose write may not have committed yet
+            ack.delay(list(mine.delays.items()))
         other_delivered = ack.delivered_mark > mine.delivered_mark or ack.counted >= 0
         ack.delivered_mark = max(mine.delivered_mark, ack.delivered_mark)
         self.ack = ack
@@ -303,13 +305,14 @@ class Cursor:
         old, self.ack.delivered_mark = self.ack.delivered_mark, mark
         return old, mark
 
-    def rewind(self, now: float) -> None:
+    def rewind(self) -> None:
         """Deliver again from the ack floor: what was delivered and not acked goes out again,
-        in order, marked redelivered (under "key", after what is left of a nack's delay)."""
+        in order, marked redelivered (under "key", after what is left of a nack's delay: the
+        ack state keeps it)."""
         self.redeliver_upto = max(self.redeliver_upto, self.high)
         self.next = self.ack.floor
         if self.keyed is not None:
-            self.keyed.clear(now)
+            self.keyed.clear()
 
     def take_acks(self, ack, early: bool = False) -> list[str]:
         """Acks were written outside delivery (``outside``): take the durable ack state

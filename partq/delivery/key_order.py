@@ -15,10 +15,10 @@ not as failed), and only that key waits:
   (into ``pending``) rather than delivered. Unkeyed messages have no order: nothing holds them
   but their own delay.
 * ``again``: seqs given back by a nack: marked redelivered when they go out again.
-* ``waits``: the nack delays of pending messages when delivery went back to the ack floor (the
-  partition moved to another flow): when the scan reaches such a message again it waits out the
-  rest of its delay, and so does its key. The same for a delay the durable ack state holds
-  (``AckState.delays``): one written before a restart, or by a flow of another process.
+A nack's delay is also kept in the cursor's ack state (``AckState.delays``, as the store keeps
+it): when delivery went back to the ack floor (the partition moved to another flow), after a
+restart, or for a delay a flow of another process wrote, the scan that reaches such a message
+again waits out the rest of its delay, and so does its key.
 
 Memory: ``pending`` holds at most ``PENDING_LIMIT`` seqs; past that delivery of the partition
 stops moving forward (it waits as under ``"partition"``) until entries went out. Keys are kept
@@ -31,7 +31,7 @@ PENDING_LIMIT = 10_000
 
 
 class KeyOrder:
-    __slots__ = ("pending", "held", "again", "keys", "leaving", "early", "waits")
+    __slots__ = ("pending", "held", "again", "keys", "leaving", "early")
 
     def __init__(self) -> None:
         self.leaving = False        # the queue went back to "partition": once pending is empty
@@ -40,7 +40,6 @@ class KeyOrder:
         self.again: set[int] = set()
         self.keys: dict[int, str | None] = {}   # seq -> key of the messages in flight
         self.early: str | None = None   # the flow taking from it during a handoff (key_handoff)
-        self.waits: dict[int, float] = {}       # seq -> a nack's delay end, across a rewind
 
     def hold(self, seq: int, key: str | None, suspect: bool, not_before: float = 0.0) -> None:
         """``seq`` goes out later, before anything later of ``key``."""
@@ -104,12 +103,10 @@ class KeyOrder:
         for s in seqs:
             self.keys.pop(s, None)
 
-    def clear(self, now: float) -> None:
-        """Delivery goes back to the ack floor (a rewind): everything is read again; the nack
-        delays not over at ``now`` are kept for when the scan meets their messages again."""
-        waits = {s: w for s, w in self.waits.items() if w > now}
-        waits.update((s, e[2]) for s, e in self.pending.items() if e[2] > now)
-        self.waits = dict(sorted(waits.items())[:PENDING_LIMIT])
+    def clear(self) -> None:
+        """Delivery goes back to the ack floor (a rewind): everything is read again (the nack
+        delays not over are in the cursor's ack state, for when the scan meets their messages
+        again)."""
         self.pending.clear()
         self.held.clear()
         self.keys.clear()
@@ -175,14 +172,10 @@ def take_by_key(cursor, reader, qid: int, queue: str, flow, want: int, out: list
             suspect = cursor.suspect_from <= seq <= cursor.suspect_upto
             if suspect:
                 cursor.suspect_from = seq + 1
-            if ko.waits and (not_before := ko.waits.pop(seq, 0.0)) > handout.now:
-                ko.hold(seq, key, suspect, not_before)      # a nack's delay from before a move
-                handout.wake_at(not_before)
-                continue
             if delays and (until := delays.get(seq, 0)) > handout.now_ns:
                 not_before = handout.now + (until - handout.now_ns) / 1e9
-                ko.hold(seq, key, suspect, not_before)      # ... or a restart (durable)
-                handout.wake_at(not_before)
+                ko.hold(seq, key, suspect, not_before)      # a nack's delay from before a move
+                handout.wake_at(not_before)                 # or a restart
                 continue
             held = key is not None and (key in ko.held or key in gated)
             if not held and hold is not None and hold(seq, key) is not None:

@@ -159,7 +159,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
         for slot, ps in enumerate(self.parts):
             if self.store_early.get(slot) == flow.flow_id:
                 del self.store_early[slot]      # its handoff's source takes the partition on
-                ops += self.drop_from_store(ps, now)
+                ops += self.drop_from_store(ps)
                 continue
             lost = [s for s, f in ps.inflight.items() if f == flow.flow_id]
             for seq in lost:
@@ -242,7 +242,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                             and not ps.remote_held:
                         ps.stale = True     # a target of another process may have taken from it
                 elif isinstance(a, Redeliver):
-                    self._redeliver(a.p, now)
+                    self._redeliver(a.p)
                 elif isinstance(a, Assign):
                     for state in self.flows.values():
                         state.reported.pop(a.p, None)
@@ -275,7 +275,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
             for p in paused:
                 actions += self.core.acked(p, self._outstanding(p), now)
         if self.store_early:
-            ops += self.sweep_from_store(now)
+            ops += self.sweep_from_store()
         return ops + self._state_ops(now)
 
     def _settle_ops(self, ps: Cursor) -> list:
@@ -356,7 +356,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                 flow.inflight -= 1
         ps.inflight.clear()
 
-    def _redeliver(self, p: int, now: float) -> None:
+    def _redeliver(self, p: int) -> None:
         if crashpoints.ENABLED:
             crashpoints.hit("during_handoff")
         ps = self.parts[p]
@@ -365,7 +365,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
             give_back(ps, owner, self.flows)    # type: ignore[arg-type]
             return
         self._forget_inflight(ps)
-        ps.rewind(now)
+        ps.rewind()
 
     def _fenced(self, reader, slot: int) -> bool:
         """Whether snapshot ``reader`` already holds ``slot``'s assignment as this runtime has it

@@ -55,7 +55,7 @@ class RemoteHandoffs:
             self.store_early[slot] = target
         return found
 
-    def drop_from_store(self, ps: Cursor, now: float) -> list:
+    def drop_from_store(self, ps: Cursor) -> list:
         """The target that took from ``ps`` from the store does no more (it left, or the handoff
         ended without giving it the partition): what it held counts as lost and the mark is
         made exact for the source's process, which delivers the partition on (the writes)."""
@@ -67,10 +67,10 @@ class RemoteHandoffs:
         ps.inflight.clear()
         ps.draining = None
         if ps.keyed is not None:
-            ps.keyed.clear(now)
+            ps.keyed.clear()
         return ops
 
-    def sweep_from_store(self, now: float) -> list[Callable]:
+    def sweep_from_store(self) -> list[Callable]:
         """After the core's actions: forget the takes from the store whose handoffs ended,
         dropping those whose target did not get the partition (the writes)."""
         ops: list[Callable] = []
@@ -84,5 +84,5 @@ class RemoteHandoffs:
             if ps is None or ps.draining is None or (slot < self.core.n
                                                      and self.core.owner[slot] == target):
                 continue                            # ended: the target goes on with it
-            ops += self.drop_from_store(ps, now)
+            ops += self.drop_from_store(ps)
         return ops
