@@ -203,6 +203,32 @@ def test_three_processes_split_six_partitions_two_each(consumers):
     assert len(followers) == 2 and all(f.heartbeat_age is not None for f in followers)
 
 
+def test_flows_whose_partitions_do_not_move_are_never_fenced(consumers):
+    """Two consumer processes split 8 partitions with a short rebalance delay and handoff time
+    (0.2 s each); once the split is Ready with two active flows, they consume what is published
+    then: no ack is fenced and no partition moves, since nobody joined or left (a FlowFenced
+    was once reported in this trial; not reproduced since)."""
+    data, start = consumers
+    create(data, partitions=8, rebalance_delay=0.2, max_handoff_time=0.2)
+    a = start("a")
+    wait_until(lambda: a.partitions() == list(range(8)), timeout=60, what="a holds all",
+               procs=[a])
+    b = start("b")
+
+    def ready() -> bool:
+        st = status(data)
+        return (st.rebalance_status == "Ready" and sum(f.active for f in st.flows) == 2
+                and len(a.partitions() or ()) == 4 and len(b.partitions() or ()) == 4)
+    wait_until(ready, timeout=60, what="a Ready 4/4 split", procs=[a, b])
+    split_parts = (a.partitions(), b.partitions())
+    published = publish(data, 2000)
+    wait_until(lambda: not not_acked([a, b], published), timeout=120,
+               what="every message acked", procs=[a, b])
+    assert a.events("fenced") == [] and b.events("fenced") == []
+    assert (a.partitions(), b.partitions()) == split_parts
+    check_deliveries([a, b], published)
+
+
 @pytest.mark.parametrize("victim", ["owner", "follower"])
 def test_a_killed_consumer_loses_nothing(consumers, victim):
     """SIGKILL of the delivery owner or of another consumer process while messages flow: the
