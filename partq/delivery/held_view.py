@@ -15,8 +15,10 @@ Under "key" a partition also carries the keys in flight on it (``inflight_keys``
 ``KEY_SAMPLE`` of them, and ``inflight_key_count``): the keys a handoff of it would hold, which
 the rebalance dry-run names. A partition a flow of another process holds shows what that flow
 last reported held on it (it reports with its acks, receives and nacks: ``peer_holds``), and
-its keys in flight as not known (count -1). A handoff in which a flow of another process takes
-part shows the partition's old flow, Paused, until it ends.
+its keys in flight as not known (count -1). A handoff into a flow of another process shows that
+flow, Ready, once it reported what it holds back there (it takes from the partition already:
+``handed_to_remote``); a handoff from one into a flow of this process shows the new flow, Ready,
+as between two flows of this process.
 """
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ def held_slot(view: SlotView, ps, slot: int, core, flows: dict, parts: list,
     if keyed is not None:
         h = core.handoffs.get(slot)
         if h is not None and (slot, h.source) in early_slots(core, flows, parts, h.target):
-            keys |= {k for s, f in ps.inflight.items()
-                     if f == h.source and (k := keyed.keys.get(s)) is not None}
+            if ps.draining is not None:     # the source is a flow of another process
+                keys |= {k for k in ps.draining.values() if k is not None}
+            else:
+                keys |= {k for s, f in ps.inflight.items()
+                         if f == h.source and (k := keyed.keys.get(s)) is not None}
             reasons.append("handoff")
             target = flows.get(h.target)
             view = dataclasses.replace(view, status=PartitionState.READY, flow=h.target,
@@ -73,6 +78,21 @@ def _holds(ps, now: float) -> tuple[list[str], set[str], int, int]:
                 reasons.append("delay")
         messages = len(ps.keyed.pending)
     return reasons, keys, unkeyed, messages
+
+
+def handed_to_remote(view: SlotView, slot: int, core, flows: dict) -> SlotView | None:
+    """``view`` of a partition under "key" whose handoff goes to a flow of another process that
+    takes from it already (it reported what it holds back on it): that flow, Ready, with its
+    report and ``"handoff"``; None otherwise."""
+    h = core.handoffs.get(slot)
+    target = flows.get(h.target) if h is not None else None
+    if target is None or target.remote is None or slot not in target.reported_held:
+        return None
+    shown = reported_slot(dataclasses.replace(view, status=PartitionState.READY, flow=h.target,
+                                              flow_name=target.name),
+                          target.reported_held[slot])
+    return dataclasses.replace(shown, held_for=["handoff", *(r for r in shown.held_for
+                                                             if r != "handoff")])
 
 
 def peer_holds(ps, now: float) -> list | None:

@@ -26,7 +26,7 @@ from partq.core.rebalancer import Rebalancer
 from partq.delivery.cursor import Cursor
 from partq.delivery.flow_calls import FlowCalls
 from partq.delivery.flow_state import FlowState
-from partq.delivery.held_view import held_slot, reported_slot
+from partq.delivery.held_view import handed_to_remote, held_slot, reported_slot
 from partq.delivery.holds import Holds, clear_cutover, read_cutover
 from partq.delivery.key_handoff import early_slots, give_back, keeps_inflight
 from partq.delivery.layout import delivery_layout, describe_mode
@@ -402,12 +402,15 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
         slots = []
         for slot in view.slots:
             ps = self.part(slot.partition)
-            if ps is not None and not ps.remote_held:
-                slot = held_slot(slot, ps, self.slot_of[ps.sp], self.core, self.flows,
-                                 self.parts, now)
+            s = self.slot_of[ps.sp] if ps is not None else -1
+            shown = handed_to_remote(slot, s, self.core, self.flows) \
+                if ps is not None and ps.keyed is not None else None
+            if shown is not None:
+                slot = shown
+            elif ps is not None and (not ps.remote_held or ps.draining is not None):
+                slot = held_slot(slot, ps, s, self.core, self.flows, self.parts, now)
             elif ps is not None and slot.flow in self.flows:
-                slot = reported_slot(slot, self.flows[slot.flow].reported_held
-                                     .get(self.slot_of[ps.sp]))
+                slot = reported_slot(slot, self.flows[slot.flow].reported_held.get(s))
             slots.append(slot)
         return dataclasses.replace(view, delayed=self.delayed(now), slots=slots)
 

@@ -100,6 +100,11 @@ def test_under_key_order_only_the_old_flows_keys_wait(tmp_path, ends):
         assert [(m.payload, m.redelivered) for m in got] == [(b"C1", False), (b"C2", False)]
         s.new.ack_many(got)             # counts, although the handoff goes on
         assert s.new.receive(10, timeout=0.3) == []     # B3 waits for B1 and B2
+        # the owner's status shows the partition with its new flow, and what it holds back
+        p1 = wait_until(lambda: (lambda p: p if p.flow == s.new.flow_id else None)(
+            s.owner.queue_status("q").partitions[1]), 30, "the new flow shown on partition 1")
+        assert (p1.status, p1.held_for, p1.held_keys, p1.held_messages) == \
+            ("Ready", ["handoff"], 1, 3)               # B, with B1, B2 and B3
         s.owner.publish("q", b"C3", key=KEY_C)
         (c3,) = receive_all(s.new, 1)
         assert c3.payload == b"C3"
