@@ -95,9 +95,11 @@ class PeerQueue(PeerAcks):
 
     def _note_pauses(self) -> None:
         """Under the lock (no receive of this process takes meanwhile): when the store changed,
-        read the assignment again and report the flows whose paused partitions changed, after
-        settling those partitions (so that a handoff's target under "key" can read from the
-        store what its flow still holds: ``peer_handoff``, whether or not it receives)."""
+        read the assignment again and report the flows whose paused partitions changed, and
+        settle those partitions (so that a handoff's target under "key" can read from the
+        store what its flow still holds: ``peer_handoff``, whether or not it receives). The
+        settle is queued, not waited for: this thread beats for the process's flows, and a
+        write may wait long for LMDB's write lock (a process stopped holding it)."""
         if self._closing or not self.flows:
             return
         try:
@@ -111,7 +113,11 @@ class PeerQueue(PeerAcks):
             return          # must go on (beats); the flows' own receives say what happened
         settles = [(flow, *s) for flow in self.flows.values()
                    for s in flow.settle(self._see_pauses(flow, assignment))]
-        self._write_settles(settles)
+        if settles:
+            try:
+                self.store.submit(lambda w: self._settle_op(w, settles))
+            except PartqError as exc:   # best effort, as _write_settles
+                log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
 
     def _see_pauses(self, flow: PeerFlow, assignment: Assignment) -> frozenset[int]:
         """Under the lock: ``flow``'s partitions paused for a handoff in ``assignment``; when
