@@ -184,7 +184,11 @@ class PeerAcks:
         try:
             self.store.write(lambda w: self._settle_op(w, settles))
         except PartqError as exc:
-            log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
+            self._settle_failed(exc)
+
+    def _settle_failed(self, exc: PartqError) -> None:
+        """A settle is best effort: one that failed leaves the counts as after a crash."""
+        log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
 
     def _settle_op(self, w, settles: list) -> None:
         """``Writer.settle`` of each ``(flow, partition, fence, settle)`` the flow still holds

@@ -36,6 +36,7 @@ from partq.delivery.peers.peer_handoff import read_draining
 from partq.delivery.saved_state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
+from partq.pending import add_done_callback
 
 log = logging.getLogger("partq.delivery")
 
@@ -113,11 +114,20 @@ class PeerQueue(PeerAcks):
             return          # must go on (beats); the flows' own receives say what happened
         settles = [(flow, *s) for flow in self.flows.values()
                    for s in flow.settle(self._see_pauses(flow, assignment))]
-        if settles:
+        if not settles:
+            return
+        try:
+            pending = self.store.submit(lambda w: self._settle_op(w, settles))
+        except PartqError as exc:
+            self._settle_failed(exc)
+            return
+
+        def logged() -> None:
             try:
-                self.store.submit(lambda w: self._settle_op(w, settles))
-            except PartqError as exc:   # best effort, as _write_settles
-                log.warning("could not settle delivery counts of queue %r: %s", self.queue, exc)
+                pending.result()        # done: does not wait
+            except PartqError as exc:
+                self._settle_failed(exc)
+        add_done_callback(pending, logged)
 
     def _see_pauses(self, flow: PeerFlow, assignment: Assignment) -> frozenset[int]:
         """Under the lock: ``flow``'s partitions paused for a handoff in ``assignment``; when
