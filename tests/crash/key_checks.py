@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from key_order_index import first_in_other_partitions, index_rows
+
 
 def dropped_by(scales: list[dict], partition: int, t_attempt: float) -> bool:
     """Whether a scale-down deleted ``partition`` after a publish attempted at ``t_attempt``."""
@@ -148,20 +150,17 @@ def concurrent_key_order(h, rep, deliveries: dict[str, list[dict]],
     the delivery of m returned (e acked at all in the logs). ``cross``: once per message, its
     first delivery against earlier messages in other partitions; ``same``: every delivery
     against earlier messages of its partition its flow did not hold."""
-    by_key = earlier_by_key(h.attempts, h.published, h.scales, h.dead_ids)
+    index = index_rows(earlier_by_key(h.attempts, h.published, h.scales, h.dead_ids), ack_begun)
     if cross:
         for mid, ds in deliveries.items():
             att = h.attempts.get(mid)
             if att is None or att.get("key") is None or "t" not in att:
                 continue
             returned = min(d["t"] for d in ds)
-            for t_pub, p, _, earlier in by_key.get(att["key"], ()):
-                if t_pub >= att["t"]:
-                    break
-                if p != ds[0]["partition"] and ack_begun.get(earlier, -math.inf) > returned:
-                    rep.add("key_order_violations", {"delivered": ds[0],
-                                                     "earlier_unacked": earlier})
-                    break
+            row = first_in_other_partitions(index.get(att["key"], {}), ds[0]["partition"],
+                                            att["t"], returned)
+            if row is not None:
+                rep.add("key_order_violations", {"delivered": ds[0], "earlier_unacked": row[3]})
     if not same:
         return
     holds = Holds()
@@ -172,14 +171,10 @@ def concurrent_key_order(h, rep, deliveries: dict[str, list[dict]],
             continue
         if e["op"] == "delivered" and e.get("id") is not None:
             att = h.attempts.get(e["id"])
-            if att is not None and att.get("key") is not None and "t" in att:
-                for t_pub, p, seq, earlier in by_key.get(att["key"], ()):
-                    if t_pub >= att["t"]:
-                        break
-                    if p == e["partition"] and earlier != e["id"] and \
-                            ack_begun.get(earlier, -math.inf) > e["t"] and \
-                            not holds.holds(log, e.get("flow"), p, seq):
-                        rep.add("key_order_violations", {"delivered": e,
-                                                         "earlier_unacked": earlier})
-                        break
+            rows = index.get(att["key"], {}).get(e["partition"]) \
+                if att is not None and att.get("key") is not None and "t" in att else None
+            for _, p, seq, earlier in rows.candidates(att["t"], e["t"]) if rows else ():
+                if earlier != e["id"] and not holds.holds(log, e.get("flow"), p, seq):
+                    rep.add("key_order_violations", {"delivered": e, "earlier_unacked": earlier})
+                    break
         holds.see(log, e)
