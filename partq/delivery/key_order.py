@@ -15,6 +15,7 @@ not as failed), and only that key waits:
   (into ``pending``) rather than delivered. Unkeyed messages have no order: nothing holds them
   but their own delay.
 * ``again``: seqs given back by a nack: marked redelivered when they go out again.
+
 A nack's delay is also kept in the cursor's ack state (``AckState.delays``, as the store keeps
 it): when delivery went back to the ack floor (the partition moved to another flow), after a
 restart, or for a delay a flow of another process wrote, the scan that reaches such a message
