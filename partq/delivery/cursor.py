@@ -64,8 +64,8 @@ class Cursor:
         self.wait_until = 0.0     # a nack's delay holds the partition until then (clock.now())
         self.keyed: KeyOrder | None = KeyOrder() if keyed else None   # ordering="key"
         self.dead: dict[int, None] = {}     # seqs it killed, oldest first
-        # a handoff's target takes from it before the handoff from a flow of another process
-        # ended: what that flow holds (seq -> key, ``peers.peer_handoff``)
+        # a handoff's target takes from it before the handoff ended, knowing from the store
+        # what the old flow holds (seq -> key, ``peers.peer_handoff``)
         self.draining: dict[int, str | None] | None = None
         self._suspect(ack)
 

@@ -59,9 +59,14 @@ def draining_hold(ps, source: str, gate: Hold | None) -> Hold | None:
             key = known[seq]
             if key is not None:
                 keys.add(key)
+    return holding(keys, gate)
 
+
+def holding(keys: set[str], gate: Hold | None, seqs=()) -> Hold:
+    """The hold of a take that passes over every message of ``keys`` (and the messages
+    ``seqs``), and what ``gate`` holds (an online scaling's cut-over)."""
     def hold(seq: int, key: str | None) -> int | None:
-        if key is not None and key in keys:
+        if seq in seqs or (key is not None and key in keys):
             return DRAINING
         return gate(seq, key) if gate is not None else None
     return hold

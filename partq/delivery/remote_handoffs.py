@@ -32,6 +32,9 @@ class RemoteHandoffs:
     def _settle_ops(self, ps: Cursor) -> list:
         raise NotImplementedError
 
+    def _forget_inflight(self, ps: Cursor) -> None:
+        raise NotImplementedError
+
     def settle_for_remote_target(self, slot: int) -> list:
         """Under "key", a handoff of a partition this process delivers to a flow of another
         process: settle it now (the writes), so that the target can read from the store what
@@ -60,11 +63,7 @@ class RemoteHandoffs:
         ended without giving it the partition): what it held counts as lost and the mark is
         made exact for the source's process, which delivers the partition on (the writes)."""
         ops = self._settle_ops(ps)
-        for fid in ps.inflight.values():
-            flow = self.flows.get(fid)
-            if flow is not None:
-                flow.inflight -= 1
-        ps.inflight.clear()
+        self._forget_inflight(ps)
         ps.draining = None
         if ps.keyed is not None:
             ps.keyed.clear()

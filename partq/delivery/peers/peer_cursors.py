@@ -33,8 +33,6 @@ class PeerCursors:
 
     def __init__(self) -> None:
         self._cursors: dict[int, Cursor] = {}
-        self._early: dict[int, dict[int, str | None]] = {}  # partition handed off to it ->
-                                    # what its source still holds (``peer_handoff``)
         self._resync: set[int] = set()   # partitions whose cursor must be rebuilt from the store
         self._inflight = 0
         self._rr = 0
@@ -43,7 +41,6 @@ class PeerCursors:
 
     def _forget_cursors(self) -> None:
         self._cursors.clear()
-        self._early.clear()
         self._inflight = 0
 
     def sync(self, held: list[tuple[int, int, int]], ack_state: Callable[[int], AckState],
@@ -69,19 +66,18 @@ class PeerCursors:
             resync.add(self._resync.pop())
         delays: dict[int, dict[int, int]] = {}      # nack delays of the cursors dropped
         for sp, cursor in list(self._cursors.items()):
-            if sp in self._early and sp not in resync:
+            if cursor.draining is not None and sp not in resync:
                 if early_now.get(sp) == cursor.epoch:
                     continue                        # its handoff goes on
                 if now.get(sp) == cursor.epoch + 1:
                     cursor.epoch += 1               # it ended: the partition is its own
                     cursor.merge_acks(ack_state(sp))    # with its source's last acks
-                    del self._early[sp]
+                    cursor.draining = None
                     continue
             if now.get(sp) != cursor.epoch or sp in resync:
                 self._inflight -= len(cursor.inflight)
                 delays[sp] = cursor.ack.delays
                 del self._cursors[sp]
-                self._early.pop(sp, None)
             elif cursor.settled and sp not in paused and \
                     (stored := ack_state(sp)).delivered_mark > cursor.ack.delivered_mark:
                 cursor.refresh(stored)
@@ -95,8 +91,8 @@ class PeerCursors:
             if sp not in self._cursors and draining is not None:
                 found = draining(sp)
                 if found is not None:
-                    self._cursors[sp] = Cursor(sp, found[0], epoch, True)
-                    self._early[sp] = found[1]
+                    cursor = self._cursors[sp] = Cursor(sp, found[0], epoch, True)
+                    cursor.draining = found[1]
         for cursor in self._cursors.values():
             cursor.set_ordering(keyed)
 
@@ -107,7 +103,7 @@ class PeerCursors:
             return
         self._outside = count
         for sp, cursor in self._cursors.items():
-            self._inflight -= len(cursor.take_acks(ack_state(sp), sp in self._early))
+            self._inflight -= len(cursor.take_acks(ack_state(sp), cursor.draining is not None))
 
     def resync(self, partitions: Iterable[int]) -> None:
         """Acks of ``partitions`` were applied in memory but their write was refused: rebuild
@@ -120,12 +116,12 @@ class PeerCursors:
 
     def early(self) -> dict[int, tuple[int, bool]]:
         """The fence (``fence``) of each partition handed off to it that it takes from."""
-        return {sp: (self._cursors[sp].epoch, True) for sp in self._early}
+        return {sp: (c.epoch, True) for sp, c in self._cursors.items() if c.draining is not None}
 
     def fence(self, cursor: Cursor) -> tuple[int, bool]:
         """What its writes of ``cursor``'s partition are fenced by: the epoch, and whether it
         takes from the partition as a handoff's target (``Assignment.holds``)."""
-        return cursor.epoch, cursor.sp in self._early
+        return cursor.epoch, cursor.draining is not None
 
     def take(self, reader, qid: int, ready: list[int], want: int, holds: Holds | None,
              handout: Handout) -> list[Message]:
@@ -140,7 +136,7 @@ class PeerCursors:
                 break
             cursor = self._cursors[sp]
             hold = holds.gate(sp) if holds is not None else None
-            draining = self._early.get(sp)
+            draining = cursor.draining
             if draining is not None:
                 stored = reader.ack_state(qid, sp)
                 if stored.delivered_mark > cursor.ack.delivered_mark:
@@ -224,7 +220,7 @@ class PeerCursors:
         Raises ``FlowFenced`` when it does not hold ``sp`` (one handed off to it that it takes
         from already is not its yet: below ``seq`` its source may still hold messages)."""
         cursor = self._cursors.get(sp)
-        if cursor is None or sp in self._early:
+        if cursor is None or cursor.draining is not None:
             raise fenced_range(self.queue, self, sp, seq)
         cursor.ack.add_through(seq)
         cursor.next = max(cursor.next, seq + 1)

@@ -29,7 +29,7 @@ does when the draining set would pass ``PENDING_LIMIT`` messages."""
 from __future__ import annotations
 
 from partq.delivery.cursor import Cursor
-from partq.delivery.key_handoff import DRAINING, Hold
+from partq.delivery.key_handoff import Hold, holding
 from partq.delivery.key_order import PENDING_LIMIT
 from partq.storage.encoding import record_fields
 
@@ -69,13 +69,7 @@ def stored_draining_hold(draining: dict[int, str | None], ack, gate: Hold | None
     holds (an online scaling's cut-over). Drops from ``draining`` what was acked."""
     for seq in [s for s in draining if ack.is_acked(s)]:
         del draining[seq]
-    keys = {k for k in draining.values() if k is not None}
-
-    def hold(seq: int, key: str | None) -> int | None:
-        if seq in draining or (key is not None and key in keys):
-            return DRAINING
-        return gate(seq, key) if gate is not None else None
-    return hold
+    return holding({k for k in draining.values() if k is not None}, gate, draining)
 
 
 def early_from_store(ps: Cursor, reader, qid: int, gate: Hold | None
