@@ -61,7 +61,10 @@ class Setup:
         wait_until(lambda: self.owner.queue_status("q").rebalance_status == "Rebalancing", 30,
                    "the handoff to start")
 
-    def close(self) -> None:
+    def __enter__(self) -> Setup:
+        return self
+
+    def __exit__(self, *exc) -> None:
         for broker in reversed(self.brokers.values()):
             broker.close()
 
@@ -81,24 +84,25 @@ def receive_all(flow, n: int) -> list[partq.Message]:
     return got
 
 
+def take_the_cs(s: Setup) -> None:
+    """Under "key": the new flow gets C1 and C2 at once, first delivered, and acks them."""
+    got = receive_all(s.new, 2)
+    assert [(m.payload, m.redelivered) for m in got] == [(b"C1", False), (b"C2", False)]
+    s.new.ack_many(got)
+
+
 def test_under_partition_order_the_whole_partition_waits(tmp_path):
-    s = Setup(tmp_path, "partition")
-    try:
+    with Setup(tmp_path, "partition") as s:
         assert s.new.receive(10, timeout=0.3) == []     # C waits with B
         s.old.ack_many(s.bs)                             # the handoff ends
         got = receive_all(s.new, 3)
         assert [m.payload for m in got] == [b"B3", b"C1", b"C2"]
         s.new.ack_many(got)
-    finally:
-        s.close()
 
 
 def test_under_key_order_only_the_old_flows_keys_wait(tmp_path, ends):
-    s = Setup(tmp_path, "key", ends)
-    try:
-        got = receive_all(s.new, 2)
-        assert [(m.payload, m.redelivered) for m in got] == [(b"C1", False), (b"C2", False)]
-        s.new.ack_many(got)             # counts, although the handoff goes on
+    with Setup(tmp_path, "key", ends) as s:
+        take_the_cs(s)                  # their acks count, although the handoff goes on
         assert s.new.receive(10, timeout=0.3) == []     # B3 waits for B1 and B2
         # the owner's status shows the partition with its new flow, and what it holds back
         p1 = wait_until(lambda: (lambda p: p if p.flow == s.new.flow_id else None)(
@@ -119,15 +123,11 @@ def test_under_key_order_only_the_old_flows_keys_wait(tmp_path, ends):
                    "the handoff to end (as the store has it: a flow of another process reads "
                    "its partitions there)")
         assert s.owner.queue_status("q").depth == 0
-    finally:
-        s.close()
 
 
 def test_what_the_old_flow_still_holds_at_the_timeout_comes_first_marked(tmp_path, ends):
-    s = Setup(tmp_path, "key", ends)
-    try:
-        got = receive_all(s.new, 2)
-        s.new.ack_many(got)
+    with Setup(tmp_path, "key", ends) as s:
+        take_the_cs(s)
         s.old.ack(s.bs[0])                               # B2 stays unacked
         s.clock.advance(HANDOFF + 1)
         s.owner.tick()                                   # the handoff times out
@@ -138,15 +138,11 @@ def test_what_the_old_flow_still_holds_at_the_timeout_comes_first_marked(tmp_pat
             s.old.ack(s.bs[1])                           # too late: the partition moved
         s.new.ack_many(again)
         assert s.new.receive(10, timeout=0.3) == [] and s.owner.queue_status("q").depth == 0
-    finally:
-        s.close()
 
 
 def test_an_old_flows_nack_with_a_delay_holds_its_key_past_the_handoff(tmp_path, ends):
-    s = Setup(tmp_path, "key", ends)
-    try:
-        got = receive_all(s.new, 2)
-        s.new.ack_many(got)
+    with Setup(tmp_path, "key", ends) as s:
+        take_the_cs(s)
         s.old.ack(s.bs[1])
         s.old.nack(s.bs[0], delay=300)                   # B1 comes back, not before then
         s.clock.advance(HANDOFF + 1)
@@ -159,14 +155,11 @@ def test_an_old_flows_nack_with_a_delay_holds_its_key_past_the_handoff(tmp_path,
         again = receive_all(s.new, 2)
         assert [(m.payload, m.redelivered) for m in again] == [(b"B1", True), (b"B3", False)]
         s.new.ack_many(again)
-    finally:
-        s.close()
 
 
 def test_a_handoff_called_off_gives_what_its_target_took_back_to_the_old_flow(tmp_path,
                                                                              ends):
-    s = Setup(tmp_path, "key", ends)
-    try:
+    with Setup(tmp_path, "key", ends) as s:
         got = receive_all(s.new, 2)                      # C1, C2, not acked
         assert [m.payload for m in got] == [b"C1", b"C2"]
         s.new.unbind()                                   # the handoff is called off
@@ -177,5 +170,3 @@ def test_a_handoff_called_off_gives_what_its_target_took_back_to_the_old_flow(tm
         assert [(m.redelivered, m.delivery_count) for m in again[1:]] == [(True, 2), (True, 2)]
         s.old.ack_many(s.bs + again)
         assert s.owner.queue_status("q").depth == 0
-    finally:
-        s.close()
