@@ -391,6 +391,12 @@ class FlowCalls:
             raise fenced_error(self.name, flow, [msg], verb)
         return self.parts[slot], slot
 
+    def acks_wake_others(self) -> bool:
+        """Whether an ack may make a message deliverable to another flow: a handoff is under
+        way (its new flow waits for the old one's acks, or takes keys they free), or an online
+        scaling holds keys of new partitions until the old ones drain."""
+        return bool(self.core.handoffs) or self.cutover is not None
+
     def full(self, flow: FlowState) -> bool:
         """Whether ``flow`` holds as many unacked messages as the queue lets a flow hold, with
         no error to raise: a collect would hand out nothing, so a receive reads nothing."""

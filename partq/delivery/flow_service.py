@@ -153,8 +153,9 @@ class FlowService:
             fut = self.store.commit_claimed(claimed)
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
-        self.notify()     # credit came back; a paused partition may have drained
-        return fut
+        if state.poll.receiving or qd.acks_wake_others():
+            self.notify()     # credit came back to a waiting receive, or a handoff or
+        return fut            # scaling waits for these acks
 
     def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
                     seq: int) -> WriteHandle | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue as queue_module
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from partq.errors import FlowClosed, FrameError, PartqError
@@ -28,6 +29,9 @@ class PumpSession(Protocol):
     def send(self, frame: dict) -> None: ...
 
     def pending_bytes(self) -> int: ...
+
+    def corked(self) -> AbstractContextManager[None]:
+        """Hold the frames sent meanwhile, then write them together (``Outbox.corked``)."""
 
     def when_room(self, limit: int, fn: Callable[[], None]) -> None:
         """Call ``fn()`` once fewer than ``limit`` bytes wait to be written to the client."""
@@ -123,17 +127,28 @@ class Pump:
     def ack(self, msgs: list[Message], answer: Callable[[object], None]) -> None:
         """Ack ``msgs`` (``messages``) for the client, ``answer(handle)`` (the handle of the
         acks' write), and serve the flow: the room the acks made goes to the client from the
-        calling thread (the connection's), before the pump thread, woken by the acks, can take
-        it. When the writer was idle the acks committed in this thread too, and the answer went
-        first: one thread does the round, with no hand-off between threads on the way. If the
-        pump thread came by meanwhile (``serve``), it is woken to look again."""
+        calling thread (the connection's; acks wake no other thread, unless another receive of
+        the flow waits or a handoff or scaling waits for them). When the writer was idle the
+        acks committed in this thread too, and the answer and the delivery leave in one write:
+        one thread does the round, with no hand-off between threads on the way. If the pump
+        thread came by meanwhile (``serve``: something changed after this serve looked), this
+        thread serves the flow again, rather than waking the pump thread to look at every flow
+        (with many busy connections it would find another one busy each time, and be woken
+        again for it, round after round); only one that came by as this thread left is
+        woken."""
+        session = self.session
+        if session is None:
+            return
         try:
-            with self._serving:
+            with self._serving, session.corked():     # the answer and the delivery: one write
                 self._missed = False    # what it came by for before this serve, this covers
                 pending = self.flow.ack_many_async(msgs, commit_here=True)
                 answer(pending)
-                if not self.stopped:
+                while not self.stopped:
                     self._serve()
+                    if not self._missed:
+                        break
+                    self._missed = False
         finally:
             if self._missed:
                 self._wake()
@@ -141,7 +156,7 @@ class Pump:
     def serve(self) -> bool:
         """``_serve``, from the pump thread, unless the connection's thread serves the flow now
         (its commit may be slow, and one flow must not hold up the others): then it is marked
-        missed, and the connection's thread wakes the pump thread when it is done."""
+        missed, and the connection's thread serves it again before it leaves."""
         self._missed = True             # before the try: a holder that leaves sees it
         if not self._serving.acquire(blocking=False):
             return False

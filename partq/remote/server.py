@@ -41,6 +41,7 @@ import queue as queue_module
 import socket
 import ssl
 import threading
+from contextlib import AbstractContextManager
 
 from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
 from partq.jobs.staging import SPARK_OPS, spark_request
@@ -128,6 +129,10 @@ class Session:
 
     def pending_bytes(self) -> int:
         return self._outbox.pending_bytes()
+
+    def corked(self) -> AbstractContextManager[None]:
+        """Hold the frames sent meanwhile, then write them together."""
+        return self._outbox.corked()
 
     def wait_for_room(self, limit: int, timeout: float) -> bool:
         """Wait until fewer than ``limit`` bytes wait to be written to the client."""

@@ -11,7 +11,8 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import crc32c
 import msgpack
@@ -93,6 +94,7 @@ class Outbox:
         self._poked = False
         self._closed = False
         self._writing = False          # a write is under way (the thread's, or a direct one)
+        self._corked = False           # frames are held until ``corked`` ends
         self._direct = direct
         self._pending = 0
         self._below: list[tuple[int, Callable[[], None]]] = []    # when_below's callbacks
@@ -114,6 +116,9 @@ class Outbox:
             if self._closed:
                 raise OSError("the connection is closed")
             self._pending += len(data)
+            if self._corked:
+                self._frames.append(data)       # written when the cork is taken out
+                return
             if self._direct is None or self._writing or self._frames or self._poked:
                 self._frames.append(data)
                 if self._room_waiters:      # one notify could wake a waiter for room
@@ -122,6 +127,38 @@ class Outbox:
                     self._cond.notify()
                 return
             self._writing = True
+        self._write_direct(data)
+
+    @contextmanager
+    def corked(self) -> Iterator[None]:
+        """Hold the frames put meanwhile (by any thread), then write them together: one system
+        call, and one read at the other end, for an answer and the delivery that follows it.
+        Only a direct outbox writes them in the calling thread; otherwise its thread does."""
+        with self._cond:
+            self._corked = True
+        try:
+            yield
+        finally:
+            self._uncork()
+
+    def _uncork(self) -> None:
+        """The end of ``corked``: write what it held, in this thread if the outbox is direct
+        and no write is under way, else by the writing thread."""
+        with self._cond:
+            self._corked = False
+            if not self._frames:
+                return
+            if self._direct is None or self._writing or self._poked or self._closed:
+                self._cond.notify_all()
+                return
+            data = b"".join(self._frames)
+            self._frames = []
+            self._writing = True
+        self._write_direct(data)
+
+    def _write_direct(self, data: bytes) -> None:
+        """Write ``data`` in the calling thread (``_writing`` is set): all of it (``"wait"``),
+        or what the socket takes at once, the rest left to the writing thread (``"try"``)."""
         sent = 0
         try:
             if self._direct == "wait":
