@@ -9,6 +9,7 @@ import time
 from _thread import allocate_lock
 from collections import deque
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any, Protocol
 
 from partq import errors
@@ -19,6 +20,7 @@ from partq.message import FlowChangeUpdate, Message
 from partq.wire.error_frames import error_from_frame
 
 ACK_CHUNK = 50_000     # acks per request: a server reads at most 131,072 items an array
+_ID = itemgetter(1, 2)      # a message's (partition, seq)
 
 
 class AllOf:
@@ -165,8 +167,11 @@ class RemoteEndpoint:
             if op == "deliver":
                 n, queue, through, append = frame["n"], self.queue, self._through, \
                     self._buffer.append
-                new = tuple.__new__
-                for fields in frame["messages"]:
+                new, msgs = tuple.__new__, frame["messages"]
+                if not through and set(map(len, msgs)) == {8}:     # the common case, at once
+                    self._buffer.extend([(n, new(Message, (queue, *fields))) for fields in msgs])
+                    msgs = []
+                for fields in msgs:
                     if len(fields) != 8:    # a server that sends no delivery count: 1
                         p, s, key, payload, headers, ts, redelivered = fields
                         fields = (p, s, key, payload, headers, ts, redelivered, 1)
@@ -227,7 +232,7 @@ class RemoteEndpoint:
                     out: list[Message] = []
                     while self._buffer and len(out) < max_messages:
                         out.append(self._buffer.popleft()[1])
-                    self._unacked.update((m.partition, m.seq) for m in out)
+                    self._unacked.update(map(_ID, out))
                     return out
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -251,7 +256,7 @@ class RemoteEndpoint:
         self._refuse(msgs, "acked")
         handles = []
         for start in range(0, max(len(msgs), 1), ACK_CHUNK):   # each request within the
-            ids = [m[1:3] for m in msgs[start:start + ACK_CHUNK]]   # server's per-array
+            ids = list(map(_ID, msgs[start:start + ACK_CHUNK]))     # server's per-array
             acked = set(ids)                                        # bound; (partition, seq)
             handles.append(self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
                                                self._confirmer(acked)))
