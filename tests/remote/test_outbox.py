@@ -127,6 +127,8 @@ def test_an_error_inside_the_cork_is_raised_and_what_was_held_still_goes():
     outbox = Outbox(ours, "test-send", direct="try")
     try:
         with pytest.raises(InvalidAck), outbox.corked():
+            raise InvalidAck("refused")             # nothing held (an ack refused at once)
+        with pytest.raises(InvalidAck), outbox.corked():
             outbox.put({"op": "deliver", "n": 1})
             raise InvalidAck("refused")
         assert _frames_on(peer, 1) == [{"op": "deliver", "n": 1}]
