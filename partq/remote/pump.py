@@ -140,15 +140,16 @@ class Pump:
         if session is None:
             return
         try:
-            with self._serving, session.corked():     # the answer and the delivery: one write
+            with self._serving:
                 self._missed = False    # what it came by for before this serve, this covers
                 pending = self.flow.ack_many_async(msgs, commit_here=True)
-                answer(pending)
-                while not self.stopped:
-                    self._serve()
-                    if not self._missed:
-                        break
-                    self._missed = False
+                with session.corked():          # the answer and the delivery: one write
+                    answer(pending)
+                    while not self.stopped:
+                        self._serve()
+                        if not self._missed:
+                            break
+                        self._missed = False
         finally:
             if self._missed:
                 self._wake()
