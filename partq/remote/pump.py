@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue as queue_module
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from partq.errors import FlowClosed, FrameError, PartqError
@@ -137,13 +137,11 @@ class Pump:
         again for it, round after round); only one that came by as this thread left is
         woken."""
         session = self.session
-        if session is None:
-            return
         try:
             with self._serving:
                 self._missed = False    # what it came by for before this serve, this covers
                 pending = self.flow.ack_many_async(msgs, commit_here=True)
-                with session.corked():          # the answer and the delivery: one write
+                with session.corked() if session is not None else nullcontext():  # answer+push
                     answer(pending)
                     while not self.stopped:
                         self._serve()
