@@ -22,7 +22,7 @@ from partq.delivery.peers.peer_flow import PeerFlow
 from partq.delivery.saved_state import Assignment
 from partq.errors import PartqError
 from partq.message import Message
-from partq.pending import WriteHandle
+from partq.pending import WriteHandle, add_done_callback
 
 log = logging.getLogger("partq.delivery")
 
@@ -185,6 +185,24 @@ class PeerAcks:
             self.store.write(lambda w: self._settle_op(w, settles))
         except PartqError as exc:
             self._settle_failed(exc)
+
+    def _queue_settles(self, settles: list) -> None:
+        """``_write_settles`` without waiting for the write (a failure is logged when it
+        comes)."""
+        if not settles:
+            return
+        try:
+            pending = self.store.submit(lambda w: self._settle_op(w, settles))
+        except PartqError as exc:
+            self._settle_failed(exc)
+            return
+
+        def logged() -> None:
+            try:
+                pending.result()        # done: does not wait
+            except PartqError as exc:
+                self._settle_failed(exc)
+        add_done_callback(pending, logged)
 
     def _settle_failed(self, exc: PartqError) -> None:
         """A settle is best effort: one that failed leaves the counts as after a crash."""

@@ -36,7 +36,6 @@ from partq.delivery.peers.peer_handoff import read_draining
 from partq.delivery.saved_state import Assignment
 from partq.errors import DeliveryLocked, FlowClosed, PartqError
 from partq.message import FlowChangeUpdate, Message
-from partq.pending import add_done_callback
 
 log = logging.getLogger("partq.delivery")
 
@@ -112,22 +111,8 @@ class PeerQueue(PeerAcks):
                 assignment = self._read_assignment(r)
         except Exception:   # the store closing, the queue deleted: the link thread
             return          # must go on (beats); the flows' own receives say what happened
-        settles = [(flow, *s) for flow in self.flows.values()
-                   for s in flow.settle(self._see_pauses(flow, assignment))]
-        if not settles:
-            return
-        try:
-            pending = self.store.submit(lambda w: self._settle_op(w, settles))
-        except PartqError as exc:
-            self._settle_failed(exc)
-            return
-
-        def logged() -> None:
-            try:
-                pending.result()        # done: does not wait
-            except PartqError as exc:
-                self._settle_failed(exc)
-        add_done_callback(pending, logged)
+        self._queue_settles([(flow, *s) for flow in self.flows.values()
+                             for s in flow.settle(self._see_pauses(flow, assignment))])
 
     def _see_pauses(self, flow: PeerFlow, assignment: Assignment) -> frozenset[int]:
         """Under the lock: ``flow``'s partitions paused for a handoff in ``assignment``; when
