@@ -170,14 +170,14 @@ class RemoteEndpoint:
                 new, msgs = tuple.__new__, frame["messages"]
                 if not through and set(map(len, msgs)) == {8}:     # the common case, at once
                     self._buffer.extend([(n, new(Message, (queue, *fields))) for fields in msgs])
-                    msgs = []
-                for fields in msgs:
-                    if len(fields) != 8:    # a server that sends no delivery count: 1
-                        p, s, key, payload, headers, ts, redelivered = fields
-                        fields = (p, s, key, payload, headers, ts, redelivered, 1)
-                    if through and fields[1] <= through.get(fields[0], -1):
-                        continue        # acked by ack_through while it was on its way
-                    append((n, new(Message, (queue, *fields))))
+                else:
+                    for fields in msgs:
+                        if len(fields) != 8:    # a server that sends no delivery count: 1
+                            p, s, key, payload, headers, ts, redelivered = fields
+                            fields = (p, s, key, payload, headers, ts, redelivered, 1)
+                        if through and fields[1] <= through.get(fields[0], -1):
+                            continue        # acked by ack_through while it was on its way
+                        append((n, new(Message, (queue, *fields))))
             elif op == "state":
                 self._held(frozenset(frame["partitions"]))
             elif op == "event":
