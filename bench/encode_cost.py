@@ -42,7 +42,7 @@ from workloads import (
 )
 
 from partq.config import QueueConfig
-from partq.publish.publisher import encode
+from partq.publish.encode import encode
 from partq.storage.encoding import decode_record, encode_record, record_fields
 
 

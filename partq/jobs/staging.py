@@ -60,7 +60,7 @@ from partq.jobs.staged import (
     read_marker,
     split_attempt_prefix,
 )
-from partq.publish.publisher import encode
+from partq.publish.encode import encode, encode_one
 from partq.storage.encoding import decode_record
 
 __all__ = ["JobAborted", "JobFinished", "StagedRowsMismatch", "JobCommit", "StagedAttempt",
@@ -123,8 +123,8 @@ class Stager:
         self.rows = 0
 
     def add(self, payload, key: str | None = None, headers: dict | None = None) -> None:
-        self.add_encoded(encode(self._config, ((payload, key, headers),),
-                                self._broker.clock.wall_ns()))
+        self.add_encoded([encode_one(self._config, payload, key, headers,
+                                     self._broker.clock.wall_ns())])
 
     def add_many(self, payloads: Iterable, keys: Iterable | None = None) -> None:
         """Stage ``payloads[i]`` with ``keys[i]`` (or unkeyed when ``keys`` is None)."""
@@ -136,7 +136,7 @@ class Stager:
         self.add_encoded(encode(self._config, items, self._broker.clock.wall_ns()))
 
     def add_encoded(self, encoded: list) -> None:
-        """Stage rows as ``partq.publish.publisher.encode`` gives them: (key hash or None, record)."""
+        """Stage rows as ``partq.publish.encode.encode`` gives them: (key hash or None, record)."""
         pos = 0
         while pos < len(encoded):
             part = encoded[pos:pos + self._batch_rows - self._pending_rows]

@@ -35,7 +35,7 @@ from partq.errors import (
     StorageFull,
 )
 from partq.ops.copy_in import decode_json_bytes
-from partq.publish.publisher import encode
+from partq.publish.encode import encode_item
 
 if TYPE_CHECKING:
     from partq.broker import Broker
@@ -162,7 +162,7 @@ def publish_batches(broker: Broker, queue: str, items: Iterable[tuple[str, Item]
     try:
         for where, item in items:
             try:
-                encode(config, (item,), 0)
+                encode_item(config, item, 0)
             except InvalidMessage as exc:
                 raise InvalidMessage(f"{where}: {exc}") from None
             if not pending:

@@ -39,13 +39,12 @@ from __future__ import annotations
 
 from partq.config import QueueConfig
 from partq.errors import QueueFull
+from partq.publish.encode import Encoded
 from partq.storage.encoding import pack_u64, unpack_u64
 from partq.storage.writer import log_bytes
 
 COUNTER_REFUSED = b"quota_refused"       # queue meta: messages refused with QueueFull
 COUNTER_DISCARDED = b"quota_discarded"   # queue meta: messages discarded by the quota
-
-Encoded = list[tuple[int | None, bytes]]
 
 
 def queue_depth(reader, qid: int) -> int:

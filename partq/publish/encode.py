@@ -1,0 +1,120 @@
+"""Validating and encoding messages, in the caller's thread, before they are queued for a
+commit: payload, key and headers checked against the queue's limits, the record built in the
+storage layout (``storage.encoding``), the key hashed (rule `key-hash`: the write transaction
+only takes the hash modulo the partition count it sees)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from partq.config import MAX_TTL, QueueConfig
+from partq.core.key_hash import crc32c_of
+from partq.errors import InvalidConfig, InvalidMessage
+from partq.storage.encoding import check_headers, frame_crc, pack_record_body
+
+Encoded = list[tuple[int | None, bytes]]    # (crc32c of the key or None, record bytes) per message
+
+
+def expiry(now_ns: int, ttl: float | None) -> int | None:
+    """When a message published at ``now_ns`` with ``ttl`` seconds to live expires (None: no
+    TTL; 0 means none too, as Solace's TTL 0 does). Raises ``InvalidConfig`` for a TTL that is
+    not a number of seconds from 0 to ``MAX_TTL``."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) \
+            or not 0 <= ttl <= MAX_TTL:
+        raise InvalidConfig(f"ttl must be a number of seconds from 0 to {MAX_TTL:g} (0: none), "
+                            f"not {ttl!r}")
+    return now_ns + int(ttl * 1e9) if ttl > 0 else None
+
+
+def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None = None) -> Encoded:
+    """Validate and encode messages: [(crc32c of the key or None, record bytes)]. Items are
+    ``payload``, ``(payload, key)`` or ``(payload, key, headers)``. Keys are hashed here, in
+    the caller's thread; the write transaction only takes them modulo the partition count it
+    sees (rule `key-hash`). ``expires``: the expiry time of every message (a TTL), in ns.
+
+    This loop is the hot path of publishing: the common items (``(payload, key)`` with a str
+    key, or a bare payload, both within the queue's limits) are encoded inline, as
+    ``encode_one`` would encode them; any other item goes through ``encode_one``, which
+    checks it in full and raises the error that names what is wrong."""
+    if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
+        raise InvalidMessage(f"publish_many takes an iterable of messages, not "
+                             f"{type(items).__name__}")
+    max_size, max_key = config.max_message_size, config.max_key_size
+    pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
+    out: Encoded = []
+    append = out.append
+    for item in items:
+        if type(item) is tuple and len(item) == 2:
+            payload, key = item
+            if type(payload) is bytes and type(key) is str and len(payload) <= max_size \
+                    and key.isascii() and len(key) <= max_key:
+                body = pack((now, key, None, payload) if expires is None
+                            else (now, key, None, payload, expires))
+                append((crc(key.encode()), crc_pack(crc(body)) + body))
+                continue
+        elif type(item) is bytes and len(item) <= max_size:
+            body = pack((now, None, None, item) if expires is None
+                        else (now, None, None, item, expires))
+            append((None, crc_pack(crc(body)) + body))
+            continue
+        append(encode_item(config, item, now, expires))
+    return out
+
+
+def encode_item(config: QueueConfig, item, now: int, expires: int | None = None) -> tuple[int | None, bytes]:
+    """``encode`` of one batch item: ``payload``, ``(payload, key)`` or
+    ``(payload, key, headers)``."""
+    key = headers = None
+    if type(item) is tuple:
+        n = len(item)
+        if not 1 <= n <= 3:
+            raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
+                                 f"(payload, key, headers), not a {n}-tuple")
+        payload = item[0]
+        if n > 1:
+            key = item[1]
+            if n > 2:
+                headers = item[2]
+    else:
+        payload = item
+    return encode_one(config, payload, key, headers, now, expires)
+
+
+def encode_one(config: QueueConfig, payload, key, headers, now: int,
+               expires: int | None = None) -> tuple[int | None, bytes]:
+    """Validate and encode one message: (crc32c of its key or None, its record bytes). The
+    record layout is ``storage.encoding``'s (``encode_record``, inlined here: same bytes,
+    pinned by the storage tests)."""
+    if type(payload) is not bytes:
+        if not isinstance(payload, (bytearray, memoryview)):
+            raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
+        payload = bytes(payload)
+    if len(payload) > config.max_message_size:
+        raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
+                             f"{config.max_message_size} of queue {config.name!r}")
+    key_hash = None
+    if key is not None:
+        if type(key) is not str:
+            raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
+        try:
+            raw_key = key.encode()
+        except UnicodeEncodeError:
+            raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
+        if len(raw_key) > config.max_key_size:
+            raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
+        key_hash = crc32c_of(raw_key)
+    if headers is not None:
+        if type(headers) is not dict:
+            raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
+        try:
+            check_headers(headers)
+            body = pack_record_body((now, key, headers, payload) if expires is None
+                                    else (now, key, headers, payload, expires))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+    else:
+        body = pack_record_body((now, key, None, payload) if expires is None
+                                else (now, key, None, payload, expires))
+    return key_hash, frame_crc(crc32c_of(body)) + body
