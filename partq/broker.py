@@ -229,7 +229,8 @@ class Broker(QueueAdmin):
         ``crc32c(key) % partitions`` (rule `key-hash`). ``ttl``: seconds after which the message
         expires (is never delivered, and goes to the dead message queue: rule `expiry`);
         None or 0 for none (the queue's ``max_ttl`` still applies)."""
-        return self.publish_async(queue, payload, key, headers, ttl).result()
+        self._check_writable()
+        return self.publisher.publish(queue, payload, key, headers, ttl)
 
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
                       headers: dict | None = None, ttl: float | None = None) -> Pending:

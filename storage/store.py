@@ -29,6 +29,7 @@ from partq.storage.errors import BrokerClosed, InvalidConfig, PartqError, Storag
 from partq.storage.files import DEFAULT_FILE_MODE, file_mode_of, prepare_directory
 from partq.storage.gate import TxnGate
 from partq.storage.lmdb_errors import Step, translated
+from partq.storage.process_id import this_pid
 from partq.storage.snapshot import ReadSnapshot
 from partq.storage.space import Space
 from partq.storage.txn import DB_NAMES, change_log_note
@@ -57,7 +58,7 @@ class Store(CommitHooks):
         self.file_mode = file_mode
         self._opening = Opening(path, durability == "sync", file_mode)
         self.report = self._opening.report
-        self._pid = os.getpid()
+        self._pid = this_pid()
         self._refs = 1
         self._gate = TxnGate()
         self._closed = False
@@ -106,7 +107,7 @@ class Store(CommitHooks):
         real = os.path.realpath(os.fspath(path))
         with _registry_lock:
             store = _registry.get(real)
-            if store is not None and store._pid != os.getpid() and not store._closed:
+            if store is not None and store._pid != this_pid() and not store._closed:
                 raise UsedAcrossFork(_fork_message(real, store._pid))
             if store is not None and not store._closed:
                 if store.durability != durability:
@@ -130,7 +131,7 @@ class Store(CommitHooks):
         reference (close it as usual), or None."""
         with _registry_lock:
             store = _registry.get(path)
-            if store is None or store._closed or store._pid != os.getpid():
+            if store is None or store._closed or store._pid != this_pid():
                 return None
             store._refs += 1
             return store
@@ -375,11 +376,11 @@ class Store(CommitHooks):
     # ------------------------------------------------------------------ lifecycle
     def in_owner_process(self) -> bool:
         """False in a forked child of the process that opened the store."""
-        return self._pid == os.getpid()
+        return self._pid == this_pid()
 
     def check_usable(self) -> None:
         """Raise ``UsedAcrossFork`` in a forked child and ``BrokerClosed`` once closed."""
-        if self._pid != os.getpid():
+        if self._pid != this_pid():
             raise UsedAcrossFork(_fork_message(self.path, self._pid))
         if self._closed:
             raise BrokerClosed(f"the store at {self.path} is closed; open it again")
@@ -411,7 +412,7 @@ class Store(CommitHooks):
             self._gate.leave()
 
     def close(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != this_pid():
             return  # a forked child must not touch the parent's environment
         with _registry_lock:
             if self._closed:

@@ -105,14 +105,24 @@ class Publisher:
         """Drop the cached config of ``queue`` (it changed)."""
         self._configs.pop(queue, None)
 
+    def publish(self, queue: str, payload: bytes, key: str | None = None,
+                headers: dict | None = None, ttl: float | None = None) -> PublishResult:
+        """One message, durable when this returns: committed in this thread when the writer
+        is idle (``Store.submit``'s ``wait``), else in the next shared commit."""
+        return quota.refusal_raised(self._submit_one(queue, payload, key, headers, ttl,
+                                                     True).result())
+
     def publish_async(self, queue: str, payload: bytes, key: str | None = None,
                       headers: dict | None = None, ttl: float | None = None) -> Pending:
+        return Pending(quota.RaisesRefusal(self._submit_one(queue, payload, key, headers, ttl)))
+
+    def _submit_one(self, queue: str, payload: bytes, key: str | None, headers: dict | None,
+                    ttl: float | None, wait: bool = False):
         config = self.config(queue)
         now = self.clock.wall_ns()
         expires = expiry(now, ttl)
         encoded = [encode_one(config, payload, key, headers, now, expires)]
-        return Pending(quota.RaisesRefusal(self.store.submit(
-            _PublishOne(self, queue, encoded, expires is not None))))
+        return self.store.submit(_PublishOne(self, queue, encoded, expires is not None), wait)
 
     def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None,
                            wait: bool = False) -> Pending:
