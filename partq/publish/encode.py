@@ -34,10 +34,10 @@ def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None =
     the caller's thread; the write transaction only takes them modulo the partition count it
     sees (rule `key-hash`). ``expires``: the expiry time of every message (a TTL), in ns.
 
-    This loop is the hot path of publishing: the common items (``(payload, key)`` with a str
-    key, or a bare payload, both within the queue's limits) are encoded inline, as
-    ``encode_one`` would encode them; any other item goes through ``encode_one``, which
-    checks it in full and raises the error that names what is wrong."""
+    This loop is the hot path of publishing: the common items (``(payload, key)`` or
+    ``(payload, key, None)`` with a str key, or a bare payload, within the queue's limits) are
+    encoded inline, as ``encode_one`` would encode them; any other item goes through
+    ``encode_one``, which checks it in full and raises the error that names what is wrong."""
     if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
         raise InvalidMessage(f"publish_many takes an iterable of messages, not "
                              f"{type(items).__name__}")
@@ -46,15 +46,18 @@ def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None =
     out: Encoded = []
     append = out.append
     for item in items:
-        if type(item) is tuple and len(item) == 2:
-            payload, key = item
-            if type(payload) is bytes and type(key) is str and len(payload) <= max_size \
-                    and key.isascii() and len(key) <= max_key:
-                body = pack((now, key, None, payload) if expires is None
-                            else (now, key, None, payload, expires))
-                append((crc(key.encode()), crc_pack(crc(body)) + body))
-                continue
-        elif type(item) is bytes and len(item) <= max_size:
+        if type(item) is tuple and (len(item) == 2 or len(item) == 3 and item[2] is None):
+            payload, key = item[0], item[1]
+            if type(payload) is bytes and len(payload) <= max_size:
+                if type(key) is str:
+                    if key.isascii() and len(key) <= max_key:
+                        body = pack((now, key, None, payload) if expires is None
+                                    else (now, key, None, payload, expires))
+                        append((crc(key.encode()), crc_pack(crc(body)) + body))
+                        continue
+                elif key is None:
+                    item = payload
+        if type(item) is bytes and len(item) <= max_size:
             body = pack((now, None, None, item) if expires is None
                         else (now, None, None, item, expires))
             append((None, crc_pack(crc(body)) + body))
@@ -82,22 +85,36 @@ def encode_item(config: QueueConfig, item, now: int, expires: int | None = None)
     return encode_one(config, payload, key, headers, now, expires)
 
 
+def check_types(payload, key, headers) -> None:
+    """The checks of a message that need no queue (``encode_one`` makes them first): a payload
+    of bytes, a str key or None, headers a dict of storable values or None. A client of
+    ``partq serve`` makes them before it sends; raises ``InvalidMessage``."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
+    if key is not None and type(key) is not str:
+        raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
+    if headers is not None:
+        if type(headers) is not dict:
+            raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
+        try:
+            check_headers(headers)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+
+
 def encode_one(config: QueueConfig, payload, key, headers, now: int,
                expires: int | None = None) -> tuple[int | None, bytes]:
     """Validate and encode one message: (crc32c of its key or None, its record bytes). The
     record layout is ``storage.encoding``'s (``encode_record``, inlined here: same bytes,
     pinned by the storage tests)."""
+    check_types(payload, key, headers)
     if type(payload) is not bytes:
-        if not isinstance(payload, (bytearray, memoryview)):
-            raise InvalidMessage(f"payload must be bytes, not {type(payload).__name__}")
         payload = bytes(payload)
     if len(payload) > config.max_message_size:
         raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
                              f"{config.max_message_size} of queue {config.name!r}")
     key_hash = None
     if key is not None:
-        if type(key) is not str:
-            raise InvalidMessage(f"key must be a str or None, not {type(key).__name__}")
         try:
             raw_key = key.encode()
         except UnicodeEncodeError:
@@ -105,16 +122,9 @@ def encode_one(config: QueueConfig, payload, key, headers, now: int,
         if len(raw_key) > config.max_key_size:
             raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
         key_hash = crc32c_of(raw_key)
-    if headers is not None:
-        if type(headers) is not dict:
-            raise InvalidMessage(f"headers must be a dict or None, not {type(headers).__name__}")
-        try:
-            check_headers(headers)
-            body = pack_record_body((now, key, headers, payload) if expires is None
-                                    else (now, key, headers, payload, expires))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidMessage(f"headers cannot be stored: {exc}") from None
-    else:
-        body = pack_record_body((now, key, None, payload) if expires is None
-                                else (now, key, None, payload, expires))
+    try:
+        body = pack_record_body((now, key, headers, payload) if expires is None
+                                else (now, key, headers, payload, expires))
+    except (TypeError, ValueError, OverflowError) as exc:   # what check_headers let through
+        raise InvalidMessage(f"headers cannot be stored: {exc}") from None
     return key_hash, frame_crc(crc32c_of(body)) + body

@@ -148,18 +148,25 @@ class Publisher:
         config = self.config(queue)
         now = self.clock.wall_ns()
         out: list = [None] * len(items)
-        encoded: list[tuple[int, tuple[int | None, bytes]]] = []
-        for i, item in enumerate(items):
-            try:
-                encoded.append((i, encode_item(config, item, now)))
-            except InvalidMessage as exc:
-                out[i] = exc
+        positions: list[int] | None = None      # of the encoded items, when some were refused
+        try:
+            encoded = encode(config, items, now)    # all of them good: the common case
+        except InvalidMessage:
+            positions, encoded = [], []
+            for i, item in enumerate(items):
+                try:
+                    encoded.append(encode_item(config, item, now))
+                    positions.append(i)
+                except InvalidMessage as exc:
+                    out[i] = exc
         if not encoded:
             return Pending(None, out)
 
         def op(w):
-            results = self.place(w, queue, [e for _, e in encoded], each=True)
-            for (i, _), result in zip(encoded, results, strict=True):
+            results = self.place(w, queue, encoded, each=True)
+            if positions is None:
+                return results
+            for i, result in zip(positions, results, strict=True):
                 out[i] = result
             return out
         return Pending(self.store.submit(op, wait))

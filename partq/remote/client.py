@@ -24,11 +24,13 @@ import ssl as ssl_module
 import threading
 import time
 from collections.abc import Iterable
+from operator import itemgetter
 
 from partq import errors
 from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavailable
 from partq.flow import Flow
 from partq.message import PublishResult
+from partq.publish.encode import check_types
 from partq.remote.answers import EachAnswer, items_of, result_of, results_of
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
@@ -102,7 +104,8 @@ class Client:
         self._lock = threading.Lock()
         self._connected = threading.Condition(self._lock)
         self._requests: dict[int, RemotePending | EachAnswer] = {}
-        self._singles: list[tuple[str, list, RemotePending]] = []    # publish_async, unsent
+        # publish_async calls not sent yet: per queue, their items and their pendings
+        self._singles: dict[str, tuple[list[list], list[RemotePending]]] = {}
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
         self._unbound: list[RemoteEndpoint] = []    # to bind again on the next connection
@@ -335,10 +338,16 @@ class Client:
         Many may be in flight on one connection: the ones made while a write is under way go
         together in the next frame, and into one of the server's commits (each message still
         succeeds or fails alone)."""
+        check_types(payload, key, headers)     # here, not in the thread that sends it
         pending = RemotePending(result_of)
         with self._lock:
-            self._wait_connected()
-            self._singles.append((queue, [payload, key, headers], pending))
+            if self._sock is None:
+                self._wait_connected()
+            group = self._singles.get(queue)
+            if group is None:
+                group = self._singles[queue] = ([], [])
+            group[0].append([payload, key, headers])
+            group[1].append(pending)
             outbox = self._outbox
         if outbox is not None:
             outbox.poke()
@@ -348,26 +357,32 @@ class Client:
         """The writer thread's hook: the single publishes made since its last write, one
         ``publish_each`` frame per queue (split to stay far below the frame limit)."""
         with self._lock:
-            singles, self._singles = self._singles, []
+            singles, self._singles = self._singles, {}
             frames: list[bytes] = []
-            groups: dict[str, list] = {}
-            for queue, item, pending in singles:
-                groups.setdefault(queue, []).append((item, pending))
-            for queue, group in groups.items():
-                start = 0
-                while start < len(group):
-                    size, end = 0, start
-                    while end < len(group) and (end == start or size < self.max_frame // 4):
-                        size += len(group[end][0][0]) + 64
-                        end += 1
+            for queue, (items, pendings) in singles.items():
+                for start, end in self._frame_spans(items):
                     self._next_req += 1
                     req = self._next_req
-                    part = group[start:end]
-                    self._requests[req] = EachAnswer([p for _, p in part])
+                    self._requests[req] = EachAnswer(pendings[start:end])
                     frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
-                                                "items": [item for item, _ in part]}))
-                    start = end
+                                                "items": items[start:end]}))
             return frames
+
+    def _frame_spans(self, items: list[list]) -> list[tuple[int, int]]:
+        """``(start, end)`` of each frame's share of ``items``: about a quarter of the frame
+        limit each (a message counts its payload and 64 bytes)."""
+        budget = self.max_frame // 4
+        if sum(map(len, map(itemgetter(0), items))) + 64 * len(items) < budget:
+            return [(0, len(items))]        # the common case, without a loop in Python
+        spans, start = [], 0
+        while start < len(items):
+            size, end = 0, start
+            while end < len(items) and (end == start or size < budget):
+                size += len(items[end][0]) + 64
+                end += 1
+            spans.append((start, end))
+            start = end
+        return spans
 
     def _wait_connected(self) -> None:
         """Under the lock: wait for a connection (up to the client's timeout)."""

@@ -216,17 +216,16 @@ class Session:
                         "results": [[r.partition, r.seq, r.discarded]]}))
                     return
                 pending = self.broker.publish_many_async(queue, items, commit_here=True)
-                self._when_durable((req, pending, lambda results: {
-                    "op": "published", "req": req,
-                    "results": [[r.partition, r.seq, r.discarded] for r in results]}))
+                self._when_durable((req, pending, lambda results: {     # (partition, seq,
+                    "op": "published", "req": req, "results": results}))  # discarded) each
             elif op == "publish_each":
                 items = [tuple(item) for item in frame.get("items", [])]
                 each = self.broker.publish_each_async(str(frame.get("queue")), items,
                                                       commit_here=True)
                 self._when_durable((req, each, lambda results: {
                     "op": "published", "req": req,
-                    "results": [r.to_frame() if isinstance(r, PartqError)
-                                else [r.partition, r.seq, r.discarded] for r in results]}))
+                    "results": [r.to_frame() if isinstance(r, PartqError) else r
+                                for r in results]}))
             elif op == "bind":
                 self._bind(req, frame)
             elif op == "ack":

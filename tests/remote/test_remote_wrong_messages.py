@@ -1,0 +1,58 @@
+"""A wrong message published through ``partq.connect`` gets the typed error an embedded
+publish gets, and the client goes on working: the checks that need no queue are made at the
+call (a payload that is not bytes once stopped the client's sending thread, and every later
+request of the client waited for an answer that never came); the queue's limits are checked
+by the server, and refuse only their own message. Real sockets on 127.0.0.1."""
+from __future__ import annotations
+
+import pytest
+
+import partq
+from partq.remote.server import Server
+
+WRONG_AT_THE_CALL = {
+    "payload int": (5, None, None),
+    "payload None": (None, None, None),
+    "payload str": ("text", None, None),
+    "key bytes": (b"x", b"k", None),
+    "key int": (b"x", 7, None),
+    "headers not a dict": (b"x", None, [1]),
+    "headers not storable": (b"x", None, {"a": object()}),
+    "headers with a non-str key": (b"x", None, {1: "a"}),
+}
+
+
+@pytest.fixture
+def client(tmp_path):
+    with partq.Broker.open(tmp_path / "data") as broker:
+        broker.create_queue("q", partitions=2, max_message_size=100, max_key_size=10)
+        server = Server(broker, "127.0.0.1:0")
+        try:
+            with partq.connect(server.address) as client:
+                yield client
+        finally:
+            server.close()
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_AT_THE_CALL))
+@pytest.mark.parametrize("call", ["publish", "publish_async"])
+def test_a_wrong_message_raises_at_the_call_and_the_client_goes_on(client, case, call):
+    payload, key, headers = WRONG_AT_THE_CALL[case]
+    with pytest.raises(partq.InvalidMessage):
+        getattr(client, call)("q", payload, key, headers)
+    assert client.publish_async("q", b"after", key="k").result(30).seq == 0
+    assert client.queue_status("q").depth == 1        # nothing of the wrong one stored
+
+
+def test_over_the_queues_limits_only_that_message_is_refused(client):
+    pending = [client.publish_async("q", b"a", key="k"),
+               client.publish_async("q", b"x" * 101, key="k"),
+               client.publish_async("q", b"b", key="k" * 11),
+               client.publish_async("q", b"c", key="k")]
+    assert pending[0].result(30).seq == 0
+    with pytest.raises(partq.InvalidMessage, match="max_message_size=100"):
+        pending[1].result(30)
+    with pytest.raises(partq.InvalidMessage, match="max_key_size=10"):
+        pending[2].result(30)
+    assert pending[3].result(30).seq == 1
+    assert client.queue_status("q").depth == 2
