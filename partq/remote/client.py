@@ -24,7 +24,6 @@ import ssl as ssl_module
 import threading
 import time
 from collections.abc import Iterable
-from operator import itemgetter
 
 from partq import errors
 from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavailable
@@ -33,6 +32,7 @@ from partq.message import PublishResult
 from partq.publish.encode import check_types
 from partq.remote.answers import EachAnswer, items_of, result_of, results_of
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
+from partq.remote.singles import Singles
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
@@ -104,8 +104,7 @@ class Client:
         self._lock = threading.Lock()
         self._connected = threading.Condition(self._lock)
         self._requests: dict[int, RemotePending | EachAnswer] = {}
-        # publish_async calls not sent yet: per queue, their items and their pendings
-        self._singles: dict[str, tuple[list[list], list[RemotePending]]] = {}
+        self._singles = Singles()       # publish_async calls not sent yet
         self._next_req = 0
         self._flows: dict[str, RemoteEndpoint] = {}
         self._unbound: list[RemoteEndpoint] = []    # to bind again on the next connection
@@ -308,12 +307,7 @@ class Client:
             self._wait_connected()
             self._next_req += 1
             req = self._next_req
-            data = encode_frame({**frame, "req": req})
-            if len(data) - HEADER.size > self.max_frame:
-                raise errors.InvalidMessage(
-                    f"the request is {len(data)} bytes and partq serve at {self.address} takes "
-                    f"frames of at most {self.max_frame}: split the batch (or raise the "
-                    f"server's --max-frame)")
+            data = self._check_fits({**frame, "req": req})
             self._requests[req] = pending
             outbox = self._outbox
         try:
@@ -322,6 +316,17 @@ class Client:
         except OSError:
             pass      # the reading thread resolves it with the loss
         return pending
+
+    def _check_fits(self, frame: dict) -> bytes:
+        """``frame`` encoded; ``InvalidMessage`` when it is over the server's frame limit (the
+        server would end the connection, and the request's fate would look unknown)."""
+        data = encode_frame(frame)
+        if len(data) - HEADER.size > self.max_frame:
+            raise errors.InvalidMessage(
+                f"the request is {len(data)} bytes and partq serve at {self.address} takes "
+                f"frames of at most {self.max_frame}: split the batch (or raise the "
+                f"server's --max-frame)")
+        return data
 
     def call(self, frame: dict, convert=lambda frame: frame):
         return self.request(frame, convert).result(self.timeout + 60)
@@ -339,50 +344,29 @@ class Client:
         together in the next frame, and into one of the server's commits (each message still
         succeeds or fails alone)."""
         check_types(payload, key, headers)     # here, not in the thread that sends it
+        if len(payload) > self.max_frame // 4:
+            self._check_fits({"op": "publish_each", "req": 1 << 63, "queue": queue,
+                              "items": [[payload, key, headers]]})
         pending = RemotePending(result_of)
         with self._lock:
             if self._sock is None:
                 self._wait_connected()
-            group = self._singles.get(queue)
-            if group is None:
-                group = self._singles[queue] = ([], [])
-            group[0].append([payload, key, headers])
-            group[1].append(pending)
+            self._singles.add(queue, [payload, key, headers], pending)
             outbox = self._outbox
         if outbox is not None:
             outbox.poke()
         return pending
 
     def _gather(self) -> list[bytes]:
-        """The writer thread's hook: the single publishes made since its last write, one
-        ``publish_each`` frame per queue (split to stay far below the frame limit)."""
+        """The writer thread's hook: the single publishes made since its last write."""
         with self._lock:
-            singles, self._singles = self._singles, {}
-            frames: list[bytes] = []
-            for queue, (items, pendings) in singles.items():
-                for start, end in self._frame_spans(items):
-                    self._next_req += 1
-                    req = self._next_req
-                    self._requests[req] = EachAnswer(pendings[start:end])
-                    frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
-                                                "items": items[start:end]}))
-            return frames
+            return self._singles.frames(self._register, self.max_frame)
 
-    def _frame_spans(self, items: list[list]) -> list[tuple[int, int]]:
-        """``(start, end)`` of each frame's share of ``items``: about a quarter of the frame
-        limit each (a message counts its payload and 64 bytes)."""
-        budget = self.max_frame // 4
-        if sum(map(len, map(itemgetter(0), items))) + 64 * len(items) < budget:
-            return [(0, len(items))]        # the common case, without a loop in Python
-        spans, start = [], 0
-        while start < len(items):
-            size, end = 0, start
-            while end < len(items) and (end == start or size < budget):
-                size += len(items[end][0]) + 64
-                end += 1
-            spans.append((start, end))
-            start = end
-        return spans
+    def _register(self, answer: EachAnswer) -> int:
+        """Under the lock: the request id of a frame whose answer ``answer`` takes."""
+        self._next_req += 1
+        self._requests[self._next_req] = answer
+        return self._next_req
 
     def _wait_connected(self) -> None:
         """Under the lock: wait for a connection (up to the client's timeout)."""

@@ -9,6 +9,7 @@ import pytest
 
 import partq
 from partq.remote.server import Server
+from partq.wire.listener import Limits
 
 WRONG_AT_THE_CALL = {
     "payload int": (5, None, None),
@@ -56,3 +57,20 @@ def test_over_the_queues_limits_only_that_message_is_refused(client):
         pending[2].result(30)
     assert pending[3].result(30).seq == 1
     assert client.queue_status("q").depth == 2
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_async"])
+def test_a_message_over_the_servers_frame_limit_raises_at_the_call(tmp_path, call):
+    """The server would end the connection that sent it, and the publish would fail as if its
+    fate were unknown: the client refuses it instead (a message of a third of the limit, which
+    the client measures too, still goes)."""
+    with partq.Broker.open(tmp_path / "data") as broker:
+        broker.create_queue("q", partitions=1)
+        server = Server(broker, "127.0.0.1:0", limits=Limits(max_frame=64 << 10))
+        try:
+            with partq.connect(server.address) as client:
+                with pytest.raises(partq.InvalidMessage, match="frames of at most 65536"):
+                    getattr(client, call)("q", b"x" * (64 << 10), "k")
+                assert client.publish_async("q", b"y" * (20 << 10), "k").result(30).seq == 0
+        finally:
+            server.close()
