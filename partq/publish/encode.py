@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from partq.config import MAX_TTL, QueueConfig
 from partq.core.key_hash import crc32c_of
@@ -38,9 +39,7 @@ def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None =
     ``(payload, key, None)`` with a str key, or a bare payload, within the queue's limits) are
     encoded inline, as ``encode_one`` would encode them; any other item goes through
     ``encode_one``, which checks it in full and raises the error that names what is wrong."""
-    if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
-        raise InvalidMessage(f"publish_many takes an iterable of messages, not "
-                             f"{type(items).__name__}")
+    check_batch(items)
     max_size, max_key = config.max_message_size, config.max_key_size
     pack, crc, crc_pack = pack_record_body, crc32c_of, frame_crc
     out: Encoded = []
@@ -69,20 +68,30 @@ def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None =
 def encode_item(config: QueueConfig, item, now: int, expires: int | None = None) -> tuple[int | None, bytes]:
     """``encode`` of one batch item: ``payload``, ``(payload, key)`` or
     ``(payload, key, headers)``."""
-    key = headers = None
-    if type(item) is tuple:
-        n = len(item)
-        if not 1 <= n <= 3:
-            raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
-                                 f"(payload, key, headers), not a {n}-tuple")
-        payload = item[0]
-        if n > 1:
-            key = item[1]
-            if n > 2:
-                headers = item[2]
-    else:
-        payload = item
-    return encode_one(config, payload, key, headers, now, expires)
+    return encode_one(config, *item_fields(item), now, expires)
+
+
+def check_batch(items) -> None:
+    """``InvalidMessage`` unless ``items`` is an iterable of messages (not one bytes or str)."""
+    if isinstance(items, (bytes, str)) or not hasattr(items, "__iter__"):
+        raise InvalidMessage(f"publish_many takes an iterable of messages, not "
+                             f"{type(items).__name__}")
+
+
+def item_fields(item) -> tuple[Any, Any, Any]:
+    """``(payload, key, headers)`` of a batch item (a tuple of the application's, a NamedTuple,
+    counts as a tuple); ``InvalidMessage`` for a tuple of another length."""
+    if not isinstance(item, tuple):
+        return item, None, None
+    n = len(item)
+    if n == 3:
+        return item[0], item[1], item[2]
+    if n == 2:
+        return item[0], item[1], None
+    if n == 1:
+        return item[0], None, None
+    raise InvalidMessage(f"a batch item must be payload, (payload, key) or "
+                         f"(payload, key, headers), not a {n}-tuple")
 
 
 def check_types(payload, key, headers) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from partq.errors import ProtocolMismatch, ServerUnavailable
+from partq.errors import InvalidMessage, ProtocolMismatch, ServerUnavailable
 from partq.message import PublishResult
+from partq.publish.encode import check_batch, check_types, item_fields
 from partq.remote.endpoint import RemotePending
 from partq.wire.error_frames import error_from_frame
 
@@ -53,13 +54,25 @@ def results_of(frame: dict) -> list[PublishResult]:
 
 def items_of(items: Iterable) -> list:
     """Batch items (payload, (payload, key) or (payload, key, headers)) as sent: each a
-    triple (msgpack sends a tuple as the list the server reads)."""
-    out = []
-    for item in items:
-        if type(item) is tuple:
-            out.append(item if len(item) == 3 else item + (None,) * (3 - len(item)))
-        elif isinstance(item, tuple):           # a NamedTuple of the application's
-            out.append(tuple(item) + (None,) * (3 - len(item)))
-        else:
-            out.append((item, None, None))
+    triple (msgpack sends a tuple as the list the server reads). ``InvalidMessage`` for what
+    is not a batch, an item of a wrong shape, or headers that are not storable (the server
+    could not read a frame with a map keyed by an int: it would end the connection), as
+    ``Broker.publish_many`` says it."""
+    check_batch(items)
+    out = [item if type(item) is tuple and len(item) == 3 else item_fields(item)
+           for item in items]
+    if any(headers is not None for _, _, headers in out):    # rare: each checked, in order
+        for payload, key, headers in out:
+            check_types(payload, key, headers)
     return out
+
+
+def unsendable(items: list) -> InvalidMessage | None:
+    """Why a batch ``items_of`` gave cannot be sent (msgpack refused it), as the error an
+    embedded publish raises; None when no message is to blame."""
+    for payload, key, headers in items:
+        try:
+            check_types(payload, key, headers)
+        except InvalidMessage as exc:
+            return exc
+    return None

@@ -30,7 +30,7 @@ from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavail
 from partq.flow import Flow
 from partq.message import PublishResult
 from partq.publish.encode import check_types
-from partq.remote.answers import EachAnswer, items_of, result_of, results_of
+from partq.remote.answers import EachAnswer, items_of, result_of, results_of, unsendable
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
@@ -382,8 +382,12 @@ class Client:
 
     def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
         """Publish a batch in one transaction on the server (all or nothing)."""
-        return self.request({"op": "publish", "queue": queue,
-                             "items": items_of(items)}, results_of).result()
+        items = items_of(items)
+        try:
+            pending = self.request({"op": "publish", "queue": queue, "items": items}, results_of)
+        except (TypeError, ValueError, OverflowError):   # msgpack refused a message of it
+            raise unsendable(items) or errors.InvalidMessage("the batch cannot be sent") from None
+        return pending.result()
 
     def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
              skip_corrupt: bool = False) -> Flow:

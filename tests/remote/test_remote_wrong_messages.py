@@ -1,8 +1,9 @@
 """A wrong message published through ``partq.connect`` gets the typed error an embedded
-publish gets, and the client goes on working: the checks that need no queue are made at the
-call (a payload that is not bytes once stopped the client's sending thread, and every later
-request of the client waited for an answer that never came); the queue's limits are checked
-by the server, and refuse only their own message. Real sockets on 127.0.0.1."""
+publish gets, in the same words, and the client goes on working: the checks that need no queue
+are made at the call (a payload that was not bytes once stopped the client's sending thread,
+and every later request of the client waited for an answer that never came; headers keyed by
+an int made the server end the connection); the queue's limits are checked by the server and
+refuse only their own message. Real sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import pytest
@@ -23,16 +24,50 @@ WRONG_AT_THE_CALL = {
 }
 
 
+WRONG_BATCHES = {
+    "not a batch: bytes": b"abc",
+    "not a batch: str": "abc",
+    "not a batch: int": 5,
+    "an empty tuple": [(b"a", "k"), ()],
+    "a 4-tuple": [(b"a", "k", None, None)],
+    "payload int": [(b"a", "k"), (5, "k")],
+    "key int": [(b"a", 7)],
+    "headers not storable": [(b"a", "k", {"a": object()})],
+    "headers with a non-str key": [(b"a", "k", {1: "a"})],
+    "payload int before good headers": [(5, "k"), (b"a", "k", {1: "a"})],
+    "payload over max_message_size": [(b"x" * 101, "k")],
+}
+
+
 @pytest.fixture
-def client(tmp_path):
+def served(tmp_path):
     with partq.Broker.open(tmp_path / "data") as broker:
         broker.create_queue("q", partitions=2, max_message_size=100, max_key_size=10)
         server = Server(broker, "127.0.0.1:0")
         try:
             with partq.connect(server.address) as client:
-                yield client
+                yield broker, client
         finally:
             server.close()
+
+
+@pytest.fixture
+def client(served):
+    return served[1]
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_BATCHES))
+def test_a_wrong_batch_raises_what_an_embedded_publish_raises(served, case):
+    """The same type and the same words (a header msgpack cannot pack was a TypeError, a
+    batch that is an int one too, and a str batch was taken as one message per character)."""
+    broker, client = served
+    with pytest.raises(partq.InvalidMessage) as embedded:
+        broker.publish_many("q", WRONG_BATCHES[case])
+    with pytest.raises(partq.InvalidMessage) as remote:
+        client.publish_many("q", WRONG_BATCHES[case])
+    assert str(remote.value) == str(embedded.value)
+    assert client.publish_many("q", [(b"after", "k")])[0].seq == 0
+    assert client.queue_status("q").depth == 1
 
 
 @pytest.mark.parametrize("case", sorted(WRONG_AT_THE_CALL))
