@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from partq.clock import MAX_SECONDS
-from partq.errors import InvalidConfig
+from partq.errors import InvalidAck, InvalidConfig
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending, WriteHandle
 
@@ -261,7 +261,7 @@ class Flow:
         caller waits for the result at once (``ack_many`` does): when no commit is under way
         the acks commit in the calling thread before this returns, saving the hand-off to the
         writer thread and back."""
-        return Pending(self._endpoint.ack_async(msgs, commit_here))
+        return Pending(self._endpoint.ack_async(received(msgs), commit_here))
 
     def ack_through(self, partition: int, seq: int) -> Pending:
         """Acknowledge every message of ``partition`` (one this flow holds) up to ``seq``, in
@@ -269,6 +269,10 @@ class Flow:
         (a consumer of ranges, such as Spark's stream). Fenced like ``ack_many`` (rule `fencing`): raises
         ``FlowFenced`` when the flow does not hold the partition. Durable once ``result()``
         returns."""
+        for name, value in (("partition", partition), ("seq", seq)):
+            if type(value) is not int or value < 0:
+                raise InvalidAck(f"ack_through takes a {name} that is an integer >= 0, not "
+                                 f"{value!r}")
         return Pending(self._endpoint.ack_through(partition, seq))
 
     def nack(self, msg: Message, delay: float | None = None) -> list[int]:
@@ -283,14 +287,14 @@ class Flow:
                                   or not math.isfinite(delay) or not 0 <= delay <= MAX_SECONDS):
             raise InvalidConfig(f"delay must be a number of seconds from 0 to {MAX_SECONDS:g} "
                                 f"or None, not {delay!r}")
-        return self._endpoint.nack(msg, delay)
+        return self._endpoint.nack(received((msg,))[0], delay)
 
     def reject(self, msg: Message) -> None:
         """The message cannot be processed, ever: it is dead at once, whatever
         ``max_redelivery`` says, and goes to the queue's dead message queue with
         ``dead_reason="rejected"`` (discarded and counted without one). The rest of its
         partition flows on. Durable when this returns."""
-        self._endpoint.reject(msg)
+        self._endpoint.reject(received((msg,))[0])
 
     def unbind(self) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked
@@ -306,3 +310,17 @@ class Flow:
     def __repr__(self) -> str:
         return (f"<Flow {self.name or self.flow_id} of {self.queue!r} "
                 f"partitions={sorted(self.partitions)}{' closed' if self.closed else ''}>")
+
+
+def received(msgs: Iterable[Message]) -> list[Message]:
+    """``msgs`` as a list, each a ``Message`` (as ``receive`` returned it); ``InvalidAck``
+    names the first that is not."""
+    if isinstance(msgs, (str, bytes)) or not hasattr(msgs, "__iter__"):
+        raise InvalidAck(f"acks take an iterable of messages, not {type(msgs).__name__}")
+    msgs = msgs if type(msgs) is list else list(msgs)
+    if set(map(type, msgs)) - {Message}:
+        for m in msgs:
+            if not isinstance(m, Message):
+                raise InvalidAck(f"acks, nacks and rejects take messages a flow received "
+                                 f"(partq.Message), not {type(m).__name__}")
+    return msgs

@@ -38,6 +38,7 @@ from partq.storage.encoding import (
     unpack_chunk,
     unpack_u64,
 )
+from partq.storage.errors import InvalidConfig
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 MAX_QID = 0xFFFFFFFF                  # queue ids are u32 in every key
@@ -75,6 +76,11 @@ def change_log_note(r: Reader) -> str:
             f"(`partq dr slots` lists them, `partq dr drop-slot ID` frees what one keeps)")
 
 
+def queue_name_type_error(name: object) -> str:
+    """What to say of a queue named by something other than a str."""
+    return f"queue must be a queue name (str), not {type(name).__name__}"
+
+
 class Reader:
     """Read-only view of a consistent snapshot. Valid only inside ``Store.read()``."""
 
@@ -96,6 +102,8 @@ class Reader:
 
     def queue_raw(self, name: str) -> bytes | None:
         """The stored config bytes (compare them to notice a change without decoding)."""
+        if type(name) is not str:
+            raise InvalidConfig(queue_name_type_error(name))
         return self._txn.get(name.encode(), db=self._dbs["queues"])
 
     def queues(self) -> dict[str, dict]:

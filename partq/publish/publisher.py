@@ -26,7 +26,7 @@ from partq.publish.encode import Encoded, encode, encode_item, encode_one, expir
 from partq.publish.load_sampler import LoadSampler
 from partq.storage import crashpoints
 from partq.storage.encoding import PARENT, decode_meta, pack_u64, unpack_u64
-from partq.storage.txn import mark_ttl_seen
+from partq.storage.txn import mark_ttl_seen, queue_name_type_error
 
 DISCARDED = PublishResult(-1, -1, discarded=True)
 COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
@@ -91,7 +91,7 @@ class Publisher:
         """The queue's config for validating publishes (cached: limits rarely change, and the
         write transaction reads the current one anyway)."""
         if type(queue) is not str:
-            raise InvalidConfig(f"queue must be a queue name (str), not {type(queue).__name__}")
+            raise InvalidConfig(queue_name_type_error(queue))
         config = self._configs.get(queue)
         if config is None:
             with self.store.read() as r:

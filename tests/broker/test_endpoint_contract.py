@@ -128,6 +128,38 @@ def test_an_acked_message_never_comes_back(kind):
     assert nothing_more(again)
 
 
+WRONG_FLOW_CALLS = {
+    "ack of an int": lambda flow, m: flow.ack(5),
+    "ack of a str": lambda flow, m: flow.ack("abc"),
+    "ack_many of ints": lambda flow, m: flow.ack_many([m, 1, 2]),
+    "ack_many of None": lambda flow, m: flow.ack_many(None),
+    "ack_many of a str": lambda flow, m: flow.ack_many("abc"),
+    "nack of None": lambda flow, m: flow.nack(None),
+    "nack of a tuple": lambda flow, m: flow.nack(tuple(m)),
+    "reject of an int": lambda flow, m: flow.reject(5),
+    "ack_through of a str partition": lambda flow, m: flow.ack_through(str(m.partition), m.seq),
+    "ack_through of a bool partition": lambda flow, m: flow.ack_through(True, m.seq),
+    "ack_through of a negative seq": lambda flow, m: flow.ack_through(m.partition, -5),
+    "ack_through of a str seq": lambda flow, m: flow.ack_through(m.partition, "x"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(WRONG_FLOW_CALLS))
+def test_a_wrong_argument_raises_invalid_ack_and_changes_nothing(kind, call):
+    """An ack of something that is not a received message (a bare tuple of its fields, a
+    number, a partition named by a str) was a TypeError or AttributeError from deep inside,
+    or, for ack_through, accepted and ignored."""
+    make_queue(kind)
+    flow = kind.bind("q", name="a")
+    kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(3)])
+    got = take(flow, 3)
+    with pytest.raises(partq.InvalidAck):
+        WRONG_FLOW_CALLS[call](flow, got[0])
+    assert flow.unacked == 3 and kind.broker.queue_status("q").depth == 3
+    flow.ack_many(got)
+    assert kind.broker.queue_status("q").depth == 0
+
+
 def test_ack_many_acks_a_batch_in_one_commit(kind):
     make_queue(kind)
     flow = kind.bind("q")

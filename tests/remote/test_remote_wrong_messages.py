@@ -109,3 +109,14 @@ def test_a_message_over_the_servers_frame_limit_raises_at_the_call(tmp_path, cal
                 assert client.publish_async("q", b"y" * (20 << 10), "k").result(30).seq == 0
         finally:
             server.close()
+
+
+@pytest.mark.parametrize("verb", ["bind", "queue_status", "publish_many", "publish_async"])
+def test_a_queue_named_by_something_else_than_a_str_is_invalid_config(client, verb):
+    """The server took ``str()`` of it: a queue named 5 was looked for as "5"."""
+    call = {"bind": lambda: client.bind(5), "queue_status": lambda: client.queue_status(5),
+            "publish_many": lambda: client.publish_many(5, [b"x"]),
+            "publish_async": lambda: client.publish_async(5, b"x").result(30)}[verb]
+    with pytest.raises(partq.InvalidConfig, match="queue must be a queue name"):
+        call()
+    assert client.queue_status("q").depth == 0
