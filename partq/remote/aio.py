@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from partq.flow import Flow
+from partq.flow import Flow, received
 from partq.message import FlowChangeUpdate, Message, PublishResult
+from partq.publish.encode import check_batch
 from partq.remote import client as sync_client
 from partq.status import QueueStatus
 
@@ -41,6 +42,7 @@ class AsyncClient:
         return await asyncio.to_thread(pending.result)
 
     async def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
+        check_batch(items)      # before list() takes a str or bytes apart
         return await asyncio.to_thread(self.sync.publish_many, queue, list(items))
 
     async def bind(self, queue: str, name: str | None = None, hint: Iterable[int] | None = None,
@@ -83,10 +85,10 @@ class AsyncFlow:
         await asyncio.to_thread(self.sync.ack, msg)
 
     async def ack_many(self, msgs: Iterable[Message]) -> None:
-        await asyncio.to_thread(self.sync.ack_many, list(msgs))
+        await asyncio.to_thread(self.sync.ack_many, received(msgs))
 
     def ack_many_async(self, msgs: Iterable[Message]):
-        return self.sync.ack_many_async(list(msgs))
+        return self.sync.ack_many_async(received(msgs))
 
     async def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         return await asyncio.to_thread(self.sync.nack, msg, delay)

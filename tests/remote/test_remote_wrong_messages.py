@@ -6,9 +6,12 @@ an int made the server end the connection); the queue's limits are checked by th
 refuse only their own message. Real sockets on 127.0.0.1."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import partq
+import partq.aio
 from partq.remote.server import Server
 from partq.wire.listener import Limits
 
@@ -120,3 +123,32 @@ def test_a_queue_named_by_something_else_than_a_str_is_invalid_config(client, ve
     with pytest.raises(partq.InvalidConfig, match="queue must be a queue name"):
         call()
     assert client.queue_status("q").depth == 0
+
+
+def test_the_asyncio_client_raises_what_the_embedded_broker_raises(served):
+    """``partq.aio`` takes a batch or a list of messages apart in the event loop's thread:
+    a str batch was taken as one message per character, an int one was a TypeError."""
+    broker, client = served
+
+    async def main() -> list[str]:
+        said = []
+        async with await partq.aio.connect(client.address) as aclient:
+            for batch in ("abc", 5):
+                with pytest.raises(partq.InvalidMessage) as raised:
+                    await aclient.publish_many("q", batch)
+                said.append(str(raised.value))
+            with pytest.raises(partq.InvalidMessage):
+                await aclient.publish("q", 5)
+            flow = await aclient.bind("q")
+            for wrong in (None, [1, 2]):
+                with pytest.raises(partq.InvalidAck):
+                    await flow.ack_many(wrong)
+            await aclient.publish("q", b"after", "k")
+        return said
+
+    said = asyncio.run(main())
+    for batch, words in zip(("abc", 5), said, strict=True):
+        with pytest.raises(partq.InvalidMessage) as embedded:
+            broker.publish_many("q", batch)
+        assert words == str(embedded.value)
+    assert broker.queue_status("q").depth == 1
