@@ -117,7 +117,8 @@ class FlowClosed(PartqError):
 
 
 class InvalidAck(PartqError, ValueError):
-    """An ack or nack names a message this queue never delivered."""
+    """An ack or nack names a message this queue never delivered, or something that is not a
+    message a flow received (``partq.Message``)."""
 
 
 class FlowFenced(PartqError):
