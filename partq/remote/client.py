@@ -34,6 +34,7 @@ from partq.remote.answers import EachAnswer, items_of, result_of, results_of, un
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.storage.txn import queue_name_type_error
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
 
@@ -343,6 +344,8 @@ class Client:
         Many may be in flight on one connection: the ones made while a write is under way go
         together in the next frame, and into one of the server's commits (each message still
         succeeds or fails alone)."""
+        if type(queue) is not str:
+            raise errors.InvalidConfig(queue_name_type_error(queue))
         check_types(payload, key, headers)     # here, not in the thread that sends it
         if len(payload) > self.max_frame // 4:
             self._check_fits({"op": "publish_each", "req": 1 << 63, "queue": queue,
@@ -360,12 +363,13 @@ class Client:
     def _gather(self) -> list[bytes]:
         """The writer thread's hook: the single publishes made since its last write."""
         with self._lock:
-            return self._singles.frames(self._register, self.max_frame)
+            frames, answers = self._singles.frames(self._new_req, self.max_frame)
+            self._requests.update(answers)
+            return frames
 
-    def _register(self, answer: EachAnswer) -> int:
-        """Under the lock: the request id of a frame whose answer ``answer`` takes."""
+    def _new_req(self) -> int:
+        """Under the lock: the next request id."""
         self._next_req += 1
-        self._requests[self._next_req] = answer
         return self._next_req
 
     def _wait_connected(self) -> None:
@@ -385,6 +389,8 @@ class Client:
         items = items_of(items)
         try:
             pending = self.request({"op": "publish", "queue": queue, "items": items}, results_of)
+        except PartqError:
+            raise
         except (TypeError, ValueError, OverflowError):   # msgpack refused a message of it
             raise unsendable(items) or errors.InvalidMessage("the batch cannot be sent") from None
         return pending.result()

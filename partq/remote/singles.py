@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from operator import itemgetter
 
+from partq.errors import InvalidMessage
 from partq.remote.answers import EachAnswer
 from partq.remote.endpoint import RemotePending
 from partq.wire.frames import encode_frame
@@ -26,17 +27,26 @@ class Singles:
         group[0].append(item)
         group[1].append(pending)
 
-    def frames(self, register: Callable[[EachAnswer], int], max_frame: int) -> list[bytes]:
+    def frames(self, new_req: Callable[[], int],
+               max_frame: int) -> tuple[list[bytes], dict[int, EachAnswer]]:
         """Every unsent publish, taken: one ``publish_each`` frame per queue (split to stay far
-        below ``max_frame``); ``register(answer)`` gives each frame its request id."""
+        below ``max_frame``), each under a request id from ``new_req()``, and the answer each
+        request id waits for. A frame msgpack cannot encode (what the client's checks let
+        through) fails its own publishes, not the thread that sends them."""
         groups, self._groups = self._groups, {}
         frames: list[bytes] = []
+        answers: dict[int, EachAnswer] = {}
         for queue, (items, pendings) in groups.items():
             for start, end in frame_spans(items, max_frame // 4):
-                req = register(EachAnswer(pendings[start:end]))
-                frames.append(encode_frame({"op": "publish_each", "req": req, "queue": queue,
-                                            "items": items[start:end]}))
-        return frames
+                answer, req = EachAnswer(pendings[start:end]), new_req()
+                try:
+                    frames.append(encode_frame({"op": "publish_each", "req": req,
+                                                "queue": queue, "items": items[start:end]}))
+                except (TypeError, ValueError, OverflowError) as exc:
+                    answer.resolve(None, InvalidMessage(f"the message cannot be sent: {exc}"))
+                    continue
+                answers[req] = answer
+        return frames, answers
 
 
 def frame_spans(items: list[list], budget: int) -> list[tuple[int, int]]:

@@ -97,7 +97,17 @@ def test_over_the_queues_limits_only_that_message_is_refused(client):
     assert client.queue_status("q").depth == 2
 
 
-@pytest.mark.parametrize("call", ["publish", "publish_async"])
+def test_a_header_msgpack_cannot_pack_fails_its_publish_not_the_client(client):
+    """An integer over 64 bits passes the header type checks; the frame that carries it
+    cannot be encoded, in the thread that sends: that publish fails, the others go."""
+    bad = client.publish_async("q", b"x", "k", {"n": 1 << 64})
+    with pytest.raises(partq.InvalidMessage):
+        bad.result(30)
+    assert client.publish_async("q", b"after", key="k").result(30).seq == 0
+    assert client.queue_status("q").depth == 1
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_async", "publish_many"])
 def test_a_message_over_the_servers_frame_limit_raises_at_the_call(tmp_path, call):
     """The server would end the connection that sent it, and the publish would fail as if its
     fate were unknown: the client refuses it instead (a message of a third of the limit, which
@@ -108,7 +118,10 @@ def test_a_message_over_the_servers_frame_limit_raises_at_the_call(tmp_path, cal
         try:
             with partq.connect(server.address) as client:
                 with pytest.raises(partq.InvalidMessage, match="frames of at most 65536"):
-                    getattr(client, call)("q", b"x" * (64 << 10), "k")
+                    if call == "publish_many":
+                        client.publish_many("q", [(b"x" * (64 << 10), "k")])
+                    else:
+                        getattr(client, call)("q", b"x" * (64 << 10), "k")
                 assert client.publish_async("q", b"y" * (20 << 10), "k").result(30).seq == 0
         finally:
             server.close()
