@@ -37,7 +37,7 @@ WRONG_BATCHES = {
     "key int": [(b"a", 7)],
     "headers not storable": [(b"a", "k", {"a": object()})],
     "headers with a non-str key": [(b"a", "k", {1: "a"})],
-    "payload int before good headers": [(5, "k"), (b"a", "k", {1: "a"})],
+    "payload int before bad headers": [(5, "k"), (b"a", "k", {1: "a"})],
     "payload over max_message_size": [(b"x" * 101, "k")],
 }
 
