@@ -76,9 +76,11 @@ def change_log_note(r: Reader) -> str:
             f"(`partq dr slots` lists them, `partq dr drop-slot ID` frees what one keeps)")
 
 
-def queue_name_type_error(name: object) -> str:
-    """What to say of a queue named by something other than a str."""
-    return f"queue must be a queue name (str), not {type(name).__name__}"
+def check_queue_name(name: object) -> str:
+    """``name``, when it is a str; ``InvalidConfig`` for a queue named by anything else."""
+    if type(name) is not str:
+        raise InvalidConfig(f"queue must be a queue name (str), not {type(name).__name__}")
+    return name
 
 
 class Reader:
@@ -102,9 +104,7 @@ class Reader:
 
     def queue_raw(self, name: str) -> bytes | None:
         """The stored config bytes (compare them to notice a change without decoding)."""
-        if type(name) is not str:
-            raise InvalidConfig(queue_name_type_error(name))
-        return self._txn.get(name.encode(), db=self._dbs["queues"])
+        return self._txn.get(check_queue_name(name).encode(), db=self._dbs["queues"])
 
     def queues(self) -> dict[str, dict]:
         return {k.decode(): decode_meta(v, f"config of queue {k.decode()!r}")

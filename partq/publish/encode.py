@@ -115,7 +115,7 @@ def encode_one(config: QueueConfig, payload, key, headers, now: int,
                expires: int | None = None) -> tuple[int | None, bytes]:
     """Validate and encode one message: (crc32c of its key or None, its record bytes). The
     record layout is ``storage.encoding``'s (``encode_record``, inlined here: same bytes,
-    pinned by the storage tests)."""
+    pinned by tests/broker/test_publish_encoding.py)."""
     check_types(payload, key, headers)
     if type(payload) is not bytes:
         payload = bytes(payload)

@@ -26,7 +26,7 @@ from partq.publish.encode import Encoded, encode, encode_item, encode_one, expir
 from partq.publish.load_sampler import LoadSampler
 from partq.storage import crashpoints
 from partq.storage.encoding import PARENT, decode_meta, pack_u64, unpack_u64
-from partq.storage.txn import mark_ttl_seen, queue_name_type_error
+from partq.storage.txn import check_queue_name, mark_ttl_seen
 
 DISCARDED = PublishResult(-1, -1, discarded=True)
 COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
@@ -90,9 +90,7 @@ class Publisher:
     def config(self, queue: str) -> QueueConfig:
         """The queue's config for validating publishes (cached: limits rarely change, and the
         write transaction reads the current one anyway)."""
-        if type(queue) is not str:
-            raise InvalidConfig(queue_name_type_error(queue))
-        config = self._configs.get(queue)
+        config = self._configs.get(check_queue_name(queue))
         if config is None:
             with self.store.read() as r:
                 raw = r.queue(queue)

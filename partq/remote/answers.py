@@ -62,17 +62,21 @@ def items_of(items: Iterable) -> list:
     out = [item if type(item) is tuple and len(item) == 3 else item_fields(item)
            for item in items]
     if any(headers is not None for _, _, headers in out):    # rare: each checked, in order
-        for payload, key, headers in out:
-            check_types(payload, key, headers)
+        check_each(out)
     return out
+
+
+def check_each(items: list) -> None:
+    """``check_types`` of each triple ``items_of`` gave, in order."""
+    for payload, key, headers in items:
+        check_types(payload, key, headers)
 
 
 def unsendable(items: list) -> InvalidMessage | None:
     """Why a batch ``items_of`` gave cannot be sent (msgpack refused it), as the error an
     embedded publish raises; None when no message is to blame."""
-    for payload, key, headers in items:
-        try:
-            check_types(payload, key, headers)
-        except InvalidMessage as exc:
-            return exc
+    try:
+        check_each(items)
+    except InvalidMessage as exc:
+        return exc
     return None

@@ -34,7 +34,7 @@ from partq.remote.answers import EachAnswer, items_of, result_of, results_of, un
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
-from partq.storage.txn import queue_name_type_error
+from partq.storage.txn import check_queue_name
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
 
@@ -344,8 +344,7 @@ class Client:
         Many may be in flight on one connection: the ones made while a write is under way go
         together in the next frame, and into one of the server's commits (each message still
         succeeds or fails alone)."""
-        if type(queue) is not str:
-            raise errors.InvalidConfig(queue_name_type_error(queue))
+        check_queue_name(queue)
         check_types(payload, key, headers)     # here, not in the thread that sends it
         if len(payload) > self.max_frame // 4:
             self._check_fits({"op": "publish_each", "req": 1 << 63, "queue": queue,

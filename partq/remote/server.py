@@ -49,7 +49,7 @@ from partq.pending import add_done_callback
 from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
 from partq.remote.pumps import Pumps
-from partq.storage.txn import queue_name_type_error
+from partq.storage.txn import check_queue_name
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
@@ -209,19 +209,18 @@ class Session:
             if op == "publish":
                 items = [tuple(item) if isinstance(item, list) else item
                          for item in frame.get("items", [])]
-                queue = queue_of(frame)
+                queue = check_queue_name(frame.get("queue"))
                 if len(items) == 1 and isinstance(items[0], tuple) and len(items[0]) == 3:
                     one = self.broker.publish_async(queue, *items[0])   # merged with others
                     self._when_durable((req, one, lambda r: {
-                        "op": "published", "req": req,
-                        "results": [[r.partition, r.seq, r.discarded]]}))
+                        "op": "published", "req": req, "results": [r]}))
                     return
                 pending = self.broker.publish_many_async(queue, items, commit_here=True)
                 self._when_durable((req, pending, lambda results: {     # (partition, seq,
                     "op": "published", "req": req, "results": results}))  # discarded) each
             elif op == "publish_each":
                 items = [tuple(item) for item in frame.get("items", [])]
-                each = self.broker.publish_each_async(queue_of(frame), items,
+                each = self.broker.publish_each_async(check_queue_name(frame.get("queue")), items,
                                                       commit_here=True)
                 self._when_durable((req, each, lambda results: {
                     "op": "published", "req": req,
@@ -253,7 +252,7 @@ class Session:
                     leaving.stop(unbind=True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
-                status = self.broker.queue_status(queue_of(frame))
+                status = self.broker.queue_status(check_queue_name(frame.get("queue")))
                 self.send({"op": "status", "req": req, "status": status.as_dict()})
             elif op == "queues":          # partq top --address
                 self.send({"op": "queues", "req": req,
@@ -271,7 +270,7 @@ class Session:
             self.send(error_frame(exc, req=req))
 
     def _bind(self, req, frame: dict) -> None:
-        queue = queue_of(frame)
+        queue = check_queue_name(frame.get("queue"))
         hint = frame.get("hint")
         name = frame.get("name")
         if len(self.flows) >= self.limits.max_flows:
@@ -342,10 +341,3 @@ class Session:
             if item is None or not self._answer(*item):
                 return
 
-
-def queue_of(frame: dict) -> str:
-    """The queue a request names; ``InvalidConfig`` (answered) unless it is a str."""
-    queue = frame.get("queue")
-    if type(queue) is not str:
-        raise InvalidConfig(queue_name_type_error(queue))
-    return queue
