@@ -129,20 +129,21 @@ class Pump:
         acks' write), and serve the flow: the room the acks made goes to the client from the
         calling thread (the connection's; acks wake no other thread, unless another receive of
         the flow waits or a handoff or scaling waits for them). When the writer was idle the
-        acks committed in this thread too, and the answer and the delivery leave in one write:
-        one thread does the round, with no hand-off between threads on the way. If the pump
-        thread came by meanwhile (``serve``: something changed after this serve looked), this
-        thread serves the flow again, rather than waking the pump thread to look at every flow
-        (with many busy connections it would find another one busy each time, and be woken
-        again for it, round after round); only one that came by as this thread left is
-        woken."""
+        acks committed in this thread too: one thread does the round, with no hand-off between
+        threads on the way. The answer is written before the flow is served, not held to go
+        with the delivery: the client's ``ack_many`` returns while this thread reads the next
+        messages. If the pump thread came by meanwhile (``serve``: something changed after
+        this serve looked), this thread serves the flow again, rather than waking the pump
+        thread to look at every flow (with many busy connections it would find another one
+        busy each time, and be woken again for it, round after round); only one that came by
+        as this thread left is woken."""
         session = self.session
         try:
             with self._serving:
                 self._missed = False    # what it came by for before this serve, this covers
                 pending = self.flow.ack_many_async(msgs, commit_here=True)
-                with session.corked() if session is not None else nullcontext():  # answer+push
-                    answer(pending)
+                answer(pending)
+                with session.corked() if session is not None else nullcontext():  # one write
                     while not self.stopped:
                         self._serve()
                         if not self._missed:
