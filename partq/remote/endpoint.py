@@ -17,10 +17,12 @@ from partq.delivery.flow_state import fenced_error, fenced_range
 from partq.errors import FlowClosed, InvalidAck, PartqError, ServerUnavailable
 from partq.flow import PollWatch
 from partq.message import FlowChangeUpdate, Message
+from partq.remote.inbox import Inbox, deliveries
 from partq.wire.error_frames import error_from_frame
 
 ACK_CHUNK = 50_000     # acks per request: a server reads at most 131,072 items an array
 _ID = itemgetter(1, 2)      # a message's (partition, seq)
+_QUEUE = itemgetter(0)
 
 
 class AllOf:
@@ -121,7 +123,7 @@ class RemoteEndpoint:
         self.client, self.queue, self.name, self.skip_corrupt = client, queue, name, skip_corrupt
         self.flow_id = ""
         self._cond = threading.Condition()
-        self._buffer: deque[tuple[int, Message]] = deque()    # (deliver frame n, message)
+        self._inbox = Inbox()           # pushed, not received yet
         self._unacked: set[tuple[int, int]] = set()
         self._through: dict[int, int] = {}        # partition -> acked up to (ack_through)
         self._partitions: frozenset[int] = frozenset()
@@ -154,7 +156,7 @@ class RemoteEndpoint:
     def disconnected(self) -> None:
         """What was pushed and not received comes again (marked) after the rebind."""
         with self._cond:
-            self._buffer.clear()
+            self._inbox.clear()
 
     def lost(self, reason: str) -> None:
         with self._cond:
@@ -165,19 +167,10 @@ class RemoteEndpoint:
         op = frame.get("op")
         with self._cond:
             if op == "deliver":
-                n, queue, through, append = frame["n"], self.queue, self._through, \
-                    self._buffer.append
-                new, msgs = tuple.__new__, frame["messages"]
-                if not through and set(map(len, msgs)) == {8}:     # the common case, at once
-                    self._buffer.extend([(n, new(Message, (queue, *fields))) for fields in msgs])
-                else:
-                    for fields in msgs:
-                        if len(fields) != 8:    # a server that sends no delivery count: 1
-                            p, s, key, payload, headers, ts, redelivered = fields
-                            fields = (p, s, key, payload, headers, ts, redelivered, 1)
-                        if through and fields[1] <= through.get(fields[0], -1):
-                            continue        # acked by ack_through while it was on its way
-                        append((n, new(Message, (queue, *fields))))
+                msgs, through = deliveries(self.queue, frame["messages"]), self._through
+                if through:         # acked by ack_through while they were on their way
+                    msgs = [m for m in msgs if m.seq > through.get(m.partition, -1)]
+                self._inbox.add(frame["n"], msgs)
             elif op == "state":
                 self._held(frozenset(frame["partitions"]))
             elif op == "event":
@@ -197,8 +190,8 @@ class RemoteEndpoint:
         """The flow's partitions changed (under the lock): what was pushed from one it no longer
         holds is not handed out; the partition's new flow gets it (redelivered)."""
         self._partitions = partitions
-        if any(m.partition not in partitions for _, m in self._buffer):
-            self._buffer = deque((n, m) for n, m in self._buffer if m.partition in partitions)
+        if not self._inbox.partitions() <= partitions:
+            self._inbox.drop(lambda n, m: m.partition not in partitions)
 
     # the FlowEndpoint interface ------------------------------------------------
     def hung(self) -> str | None:
@@ -228,10 +221,8 @@ class RemoteEndpoint:
                 if self._error is not None:
                     err, self._error = self._error, None
                     raise err
-                if self._buffer:
-                    out: list[Message] = []
-                    while self._buffer and len(out) < max_messages:
-                        out.append(self._buffer.popleft()[1])
+                if self._inbox:
+                    out = self._inbox.take(max_messages)
                     self._unacked.update(map(_ID, out))
                     return out
                 remaining = deadline - time.monotonic()
@@ -242,43 +233,41 @@ class RemoteEndpoint:
     def _refuse(self, msgs: list[Message], verb: str) -> None:
         """Raise what the server would for acks or nacks of ``msgs``: ``InvalidAck`` for a
         message of another queue, ``FlowFenced`` once the flow is closed."""
-        for m in msgs:
-            if m.queue != self.queue:
-                raise InvalidAck(f"message of queue {m.queue!r} {verb} on a flow of "
-                                 f"{self.queue!r}")
+        if any(queue != self.queue for queue in set(map(_QUEUE, msgs))):
+            m = next(m for m in msgs if m.queue != self.queue)
+            raise InvalidAck(f"message of queue {m.queue!r} {verb} on a flow of "
+                             f"{self.queue!r}")
         if self._reason is not None:
             raise fenced_error(self.queue, self, msgs, verb)
 
     def ack_async(self, msgs: Iterable[Message], commit_here: bool = False) -> RemotePending | AllOf:
         """``commit_here`` means nothing here: the server commits."""
         self._poll.touch(time.monotonic())
-        msgs = list(msgs)
+        msgs = msgs if type(msgs) is list else list(msgs)
         self._refuse(msgs, "acked")
         handles = []
         for start in range(0, max(len(msgs), 1), ACK_CHUNK):   # each request within the
             ids = list(map(_ID, msgs[start:start + ACK_CHUNK]))     # server's per-array
-            acked = set(ids)                                        # bound; (partition, seq)
             handles.append(self.client.request({"op": "ack", "flow": self.flow_id, "ids": ids},
-                                               self._confirmer(acked)))
+                                               self._confirmer(ids)))   # bound: (partition, seq)
         return handles[0] if len(handles) == 1 else AllOf(handles)
 
-    def _confirmer(self, acked: set[tuple[int, int]]):
+    def _confirmer(self, acked: Iterable[tuple[int, int]]):
         """The conversion of an ack's answer: ``acked`` are no longer unacked."""
         return lambda frame: self._confirmed(acked)
 
-    def _confirmed(self, acked: set[tuple[int, int]]) -> None:
+    def _confirmed(self, acked: Iterable[tuple[int, int]]) -> None:
         """The server made acks of ``acked`` durable (the reading thread; a refusal never gets
         here): they are no longer unacked."""
         with self._cond:
-            self._unacked -= acked
+            self._unacked.difference_update(acked)
 
     def ack_through(self, partition: int, seq: int) -> RemotePending:
         if self._reason is not None:
             raise fenced_range(self.queue, self, partition, seq)
         with self._cond:       # acked: what was pushed (or is on its way) and not received goes
             self._through[partition] = max(self._through.get(partition, -1), seq)
-            self._buffer = deque((n, m) for n, m in self._buffer
-                                 if not (m.partition == partition and m.seq <= seq))
+            self._inbox.drop(lambda n, m: m.partition == partition and m.seq <= seq)
             acked = {(p, s) for p, s in self._unacked if p == partition and s <= seq}
         return self.client.request({"op": "ack_through", "flow": self.flow_id,
                                     "partition": partition, "seq": seq},
@@ -304,9 +293,8 @@ class RemoteEndpoint:
 
     def _given_back(self, partition: int, back: set[int], upto: int) -> None:
         with self._cond:       # the copies the nack gives back come again, marked
-            self._buffer = deque((n, m) for n, m in self._buffer
-                                 if not (n <= upto and m.partition == partition
-                                         and m.seq in back))
+            self._inbox.drop(lambda n, m: n <= upto and m.partition == partition
+                             and m.seq in back)
             self._unacked = {(p, s) for p, s in self._unacked
                              if not (p == partition and s in back)}
 
@@ -315,7 +303,7 @@ class RemoteEndpoint:
             if self._reason is not None:
                 return
             self._reason = reason
-            self._buffer.clear()
+            self._inbox.clear()
         self.client.detach(self.flow_id)
         try:
             self.client.call({"op": "unbind", "flow": self.flow_id})
