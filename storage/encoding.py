@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import NamedTuple
 
 import crc32c
@@ -106,12 +108,13 @@ def chunks(first: int, records: list[bytes]):
     if n <= CHUNK_RECORDS and sum(map(len, records)) <= CHUNK_BYTES:
         yield first + n - 1, _packer.pack([first, *records])
         return
-    start = size = 0
-    for i, rec in enumerate(records):
-        size += len(rec)
-        if i + 1 - start >= CHUNK_RECORDS or size >= CHUNK_BYTES or i + 1 == n:
-            yield first + i, _packer.pack([first + start, *records[start:i + 1]])
-            start, size = i + 1, 0
+    ends = list(accumulate(map(len, records)))      # bytes of records[:i + 1]
+    start = 0
+    while start < n:        # a chunk ends at its CHUNK_RECORDS-th record, at the record that
+        before = ends[start - 1] if start else 0    # brings it to CHUNK_BYTES, or at the last
+        end = min(start + CHUNK_RECORDS, bisect_left(ends, before + CHUNK_BYTES, start) + 1, n)
+        yield first + end - 1, _packer.pack([first + start, *records[start:end]])
+        start = end
 
 
 def unpack_chunk(value: bytes, last: int) -> tuple[int, list[bytes]]:

@@ -235,6 +235,10 @@ class Reader:
                 out.append(v)
         return out
 
+    def staged_value(self, key: bytes) -> bytes | None:
+        """The value staged under exactly ``key`` (a chunk), or None."""
+        return self._txn.get(key, db=self._dbs["staging"])
+
     def staged_prefixes(self, width: int) -> dict[bytes, int]:
         """Rows staged per distinct key prefix of ``width`` bytes (to find orphaned stages)."""
         counts: dict[bytes, int] = {}

@@ -78,8 +78,7 @@ def chunk_key(prefix: bytes, number: int) -> bytes:
 
 def chunk_at(r, prefix: bytes, number: int) -> bytes | None:
     """Chunk ``number`` of an attempt (chunks are numbered 0, 1, ... without gaps)."""
-    found = r.staged(chunk_key(prefix, number))
-    return found[0] if found else None
+    return r.staged_value(chunk_key(prefix, number))
 
 
 # ---------------------------------------------------------------------- markers

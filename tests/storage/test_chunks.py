@@ -4,10 +4,12 @@ chunk; a damaged chunk reports each of its records as corrupt, never skips them.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from partq.errors import CorruptRecord
 from partq.storage import Store, decode_record, encode_record
-from partq.storage.encoding import CHUNK_BYTES, CHUNK_RECORDS, log_key, unpack_chunk
+from partq.storage.encoding import CHUNK_BYTES, CHUNK_RECORDS, chunks, log_key, unpack_chunk
 
 
 @pytest.fixture
@@ -130,3 +132,30 @@ def test_a_damaged_first_chunk_reports_from_the_ack_floor(store):
         got = r.records(qid, 0, 0, 100)
     assert [s for s, _ in got] == list(range(7, 15))        # not 0..6: acked, long truncated
     assert [raw for s, raw in got if s < 10] == [b""] * 3
+
+
+def _chunks_one_by_one(first: int, records: list[bytes]) -> list[tuple[int, list[bytes]]]:
+    """The rule, record by record: a chunk closes at its CHUNK_RECORDS-th record, at the record
+    that brings it to CHUNK_BYTES, or at the last record."""
+    out, start, size = [], 0, 0
+    for i, rec in enumerate(records):
+        size += len(rec)
+        if i + 1 - start >= CHUNK_RECORDS or size >= CHUNK_BYTES or i + 1 == len(records):
+            out.append((first + i, records[start:i + 1]))
+            start, size = i + 1, 0
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 1 << 40),
+       st.lists(st.tuples(st.integers(1, 3 * CHUNK_RECORDS), st.sampled_from(
+           [1, 7, 300, CHUNK_BYTES // 64, CHUNK_BYTES // 5, CHUNK_BYTES, CHUNK_BYTES + 1])),
+           min_size=1, max_size=4))
+def test_chunks_close_where_the_record_by_record_rule_closes_them(first, runs):
+    records = [bytes(size) for count, size in runs            # at most ~4 chunks of bytes a run
+               for _ in range(min(count, 4 * CHUNK_BYTES // size + 1))]
+    got = [(last, unpack_chunk(value, last)) for last, value in chunks(first, records)]
+    want = _chunks_one_by_one(first, records)
+    assert [last for last, _ in got] == [last for last, _ in want]
+    assert [recs for _, (_, recs) in got] == [recs for _, recs in want]
+    assert [start for _, (start, _) in got] == [first] + [last + 1 for last, _ in want[:-1]]
