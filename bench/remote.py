@@ -37,6 +37,11 @@ process its own connection; a line carries ``durability`` (what a reply guarante
   batch's ``ack_many`` riding on the request): the limit of partq serve's socket path, same
   broker, same durability. ``remote_..._{n}_clients_vs_reference`` puts partq serve beside it
   (ratio partq / reference; target 0.95).
+* ``remote_{publish_many,consume_ack}_100_{n}_clients_vs_in_process``: partq serve's
+  ``publish_many`` and consume clients beside the same loops in client processes that open the
+  directory themselves (``in_process_{publish_many,consume_ack}_100_{n}_clients``, durability
+  equal): what the socket costs. Target 0.85 with 1 client; with 4, three of the in-process
+  processes are served by the first (peer flows), so that line is context.
 * ``local_consume_ack_2_processes``: two processes binding one directory (the second served by
   the first, rule `peer-flows`), beside ``local_consume_ack_1_process``. Target: 1.6x.
 * ``owner_failover``: SIGKILL of the process that owns delivery to the first message received
@@ -53,7 +58,8 @@ first line, ``load_average_at_start``, carries the load average and CPU count. C
 start and connect before a slice, then all start together. A consume slice drains a fresh queue
 (stream) pre-filled untimed with ``--prefill`` messages, or stops after ``--seconds``.
 
-    .venv/bin/python bench/remote.py [--quick] [--only sockets] [--sides redis,rabbitmq,nats,reference]
+    .venv/bin/python bench/remote.py [--quick] [--only sockets]
+        [--sides redis,rabbitmq,nats,reference,in_process]
 """
 from __future__ import annotations
 
@@ -78,6 +84,7 @@ from brokers import die_with_parent  # noqa: E402
 from method import DEFAULT_PAIRS, emit, header, line, log, pairs_line  # noqa: E402
 from peers import Skip  # noqa: E402
 from remote_sides import (  # noqa: E402
+    InProcessSide,
     NatsSide,
     RabbitMQSide,
     RedisSide,
@@ -144,6 +151,20 @@ def _partq_consumer(address: str, ready, go, out, seconds: float, queue: str) ->
     client.close()
 
 
+def _local_publisher(data: str, ready, go, out, seconds: float) -> None:
+    """``publish_many`` of 100 by a process that opened the directory itself: the in-process
+    figure beside partq serve's ``publish_many`` clients."""
+    broker = partq.Broker.open(data)
+    ready.release()
+    go.wait()
+    n, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        broker.publish_many("bench", [(PAYLOAD, f"k{n + i}") for i in range(100)])
+        n += 100
+    out.put(n)
+    broker.close()
+
+
 def _local_consumer(data: str, ready, go, out, seconds: float, queue: str, name: str) -> None:
     broker = partq.Broker.open(data)
     flow = broker.bind(queue, name=name)
@@ -185,7 +206,7 @@ class PartqServe:
             self.proc.kill()
 
 
-SIDES = ("redis", "rabbitmq", "nats", "reference")
+SIDES = ("redis", "rabbitmq", "nats", "reference", "in_process")
 
 
 # ---------------------------------------------------------------------------- the benches
@@ -193,12 +214,14 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
                     names: tuple[str, ...] = SIDES) -> None:
     """partq serve beside each side, slice after slice (partq, then every side, publishing;
     then the same consuming), ``pairs`` rounds after a warm-up round, 1 then 4 clients. The
-    reference runs right after partq: its ratio has the tightest target."""
+    reference and the in-process side run right after partq: their ratios have the tightest
+    targets."""
     every: dict[str, Callable[[], Side]] = {
         "redis": RedisSide, "rabbitmq": RabbitMQSide, "nats": NatsSide,
-        "reference": lambda: ReferenceSide(root)}
+        "reference": lambda: ReferenceSide(root),
+        "in_process": lambda: InProcessSide(root, _local_publisher, _local_consumer)}
     sides = [every[name]() for name in names]
-    run_order = sorted(sides, key=lambda s: s.key != "reference")    # the reference first
+    run_order = sorted(sides, key=lambda s: s.key not in ("reference", "in_process"))
     serve = PartqServe(root)
     failed: dict[str, str] = {}
     try:
@@ -224,7 +247,7 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
                                            settled(serve.data, q, k))
                     if i:
                         into["partq"].append(rate)
-                    if kind == "publish" and "reference" in names:
+                    if kind == "publish" and ("reference" in names or "in_process" in names):
                         rate = run_clients(_partq_publisher, [(serve.address, True)] * n, seconds)
                         if i:
                             many.append(rate)
@@ -241,20 +264,22 @@ def remote_vs_peers(root: str, pairs: int, seconds: float, prefill: int,
                         if i:
                             into[side.key].append(rate)
             for side in sides:
+                target = side.target if n in side.target_clients else None
                 for samples, peer, mine in ((pub, side.pub_line, side.partq_pub),
                                             (con, side.con_line, side.partq_con)):
                     peer, mine = peer.format(n=n), mine.format(n=n)
                     theirs = failed.get(side.key) or samples[side.key]
+                    ours = many if samples is pub and side.publish_many else samples["partq"]
                     version = "" if isinstance(theirs, str) else side.version
                     if side.own_lines:            # the side's figure is a line of its own
                         emit(line(peer, "msgs/s", theirs, digits=3, durability=side.durability,
                                   version=version))
-                    emit(line(mine, "msgs/s", samples["partq"], peer, theirs, target=side.target,
+                    emit(line(mine, "msgs/s", ours, peer, theirs, target=target,
                               digits=3, durability=side.durability, peer_version=version))
                 if side.key == "reference":     # like for like: publish_many on both
                     emit(line(f"remote_publish_many_100_{n}_clients_vs_reference", "msgs/s",
                               many, side.pub_line.format(n=n),
-                              failed.get(side.key) or pub[side.key], target=side.target,
+                              failed.get(side.key) or pub[side.key], target=target,
                               digits=3, durability=side.durability, peer_version=side.version))
     finally:
         for side in reversed(sides):

@@ -115,6 +115,8 @@ class Side(Protocol):
     partq_con: str
     own_lines: bool
     target: float | None
+    target_clients: tuple[int, ...]     # the client counts ``target`` is for
+    publish_many: bool      # partq's figure beside it is publish_many's, not publish_async's
     durability: str
 
     @property
@@ -179,6 +181,8 @@ class RedisSide:
     partq_pub = "remote_publish_pipelined_100_{n}_clients"
     partq_con = "remote_consume_ack_100_{n}_clients"
     own_lines = False
+    target_clients: tuple[int, ...] = (1, 4)
+    publish_many = False
     target: float | None = 2.0
     durability = "equal: appendfsync always, the AOF is fdatasynced before the replies are sent"
 
@@ -220,6 +224,8 @@ class RabbitMQSide(ServerSide):
     partq_pub = "remote_publish_pipelined_100_{n}_clients_vs_rabbitmq"
     partq_con = "remote_consume_ack_100_{n}_clients_vs_rabbitmq"
     own_lines = False
+    target_clients: tuple[int, ...] = ()
+    publish_many = False
     target: float | None = None
     durability = ("equal for publishes: a durable quorum queue (one Ra member) fdatasyncs its "
                   "WAL before it confirms (checked with strace on beam.smp: about 3 fdatasyncs "
@@ -259,6 +265,8 @@ class NatsSide(ServerSide):
     partq_pub = "remote_publish_pipelined_100_{n}_clients_vs_nats"
     partq_con = "remote_consume_ack_100_{n}_clients_vs_nats"
     own_lines = False
+    target_clients: tuple[int, ...] = ()
+    publish_many = False
     target: float | None = None
     durability = ("no fsync per publish: not equal durability (JetStream 2.9 file store: a "
                   "publish ack means written to the OS, synced every 2 min; checked with strace: "
@@ -296,6 +304,8 @@ class ReferenceSide:
     partq_pub = "remote_publish_pipelined_100_{n}_clients_vs_reference"
     partq_con = "remote_consume_ack_100_{n}_clients_vs_reference"
     own_lines = True
+    target_clients: tuple[int, ...] = (1, 4)
+    publish_many = False
     target: float | None = 0.95
     durability = ("equal: the same partq Broker (durability sync) behind both servers; the "
                   "reference replies to a batch once publish_many / ack_many returned")
@@ -323,3 +333,49 @@ class ReferenceSide:
         return run_clients(reference_server.ref_consumer,
                            [(self.server.address, queue, f"c{j}") for j in range(n)], seconds,
                            settle=lambda: settled(data, queue, n))
+
+
+# ---------------------------------------------------------------------------- in-process
+class InProcessSide:
+    """partq without a socket: each client process opens the directory itself (its own
+    ``Broker``) and runs the same loop as a ``partq.connect`` client (``publisher`` and
+    ``consumer``: remote.py's workers), ``publish_many`` of 100 and ``receive(100)`` +
+    ``ack_many``. One client is the line the socket path is held to; with 4, the other three
+    processes are served by the first (peer flows): context, no target."""
+    key = "in_process"
+    pub_line = "in_process_publish_many_100_{n}_clients"
+    con_line = "in_process_consume_ack_100_{n}_clients"
+    partq_pub = "remote_publish_many_100_{n}_clients_vs_in_process"
+    partq_con = "remote_consume_ack_100_{n}_clients_vs_in_process"
+    own_lines = True
+    target: float | None = 0.85
+    target_clients = (1,)
+    publish_many = True
+    durability = ("equal: the same partq Broker (durability sync), opened by the client process "
+                  "itself instead of reached through partq serve")
+
+    def __init__(self, root: str, publisher, consumer) -> None:
+        self.data = os.path.join(root, "in-process-data")
+        self._publisher, self._consumer = publisher, consumer
+        self._queues = 0
+
+    def start(self) -> None:
+        with partq.Broker.open(self.data) as broker:
+            broker.create_queue("bench", partitions=8)
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def version(self) -> str:
+        return f"partq {partq.__version__}"
+
+    def publish(self, n: int, seconds: float) -> float:
+        return run_clients(self._publisher, [(self.data,)] * n, seconds)
+
+    def consume(self, n: int, seconds: float, prefill: int) -> float:
+        self._queues += 1
+        queue = f"consume-{self._queues}"
+        consume_queue(self.data, queue, prefill)
+        return run_clients(self._consumer, [(self.data, queue, f"c{j}") for j in range(n)],
+                           seconds, settle=lambda: settled(self.data, queue, n))

@@ -23,7 +23,13 @@ CLIENTS = (1, 4)
 
 
 def names(side: str) -> set[str]:
-    """The lines of one side: partq serve beside it, and the reference's own figures."""
+    """The lines of one side: partq serve beside it, and the figures of the reference and the
+    in-process side as lines of their own."""
+    if side == "in_process":
+        return {template.format(n=n) for n in CLIENTS for template in (
+            "in_process_publish_many_100_{n}_clients", "in_process_consume_ack_100_{n}_clients",
+            "remote_publish_many_100_{n}_clients_vs_in_process",
+            "remote_consume_ack_100_{n}_clients_vs_in_process")}
     own = {"reference": ("reference_publish_pipelined_100_{n}_clients",
                          "reference_consume_ack_100_{n}_clients",
                          "remote_publish_many_100_{n}_clients_vs_reference")}.get(side, ())
@@ -69,8 +75,9 @@ def test_reference_lines_and_a_missing_server_says_why(tmp_path):
     python_dir = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in [python_dir, "/usr/local/bin", "/usr/bin", "/bin"]
                            if not (Path(p) / "nats-server").exists())
-    lines = run_sockets(tmp_path, "reference,nats", path_env=path)
-    assert set(lines) == {"load_average_at_start"} | names("reference") | names("nats")
+    lines = run_sockets(tmp_path, "reference,nats,in_process", path_env=path)
+    assert set(lines) == ({"load_average_at_start"} | names("reference") | names("nats")
+                          | names("in_process"))
     for name in names("reference"):
         row = lines[name]
         assert row.get("skipped") is None and row["value"] > 0, row
@@ -88,6 +95,14 @@ def test_reference_lines_and_a_missing_server_says_why(tmp_path):
     for n in CLIENTS:                             # one set of partq slices for every peer
         assert (lines[f"remote_publish_pipelined_100_{n}_clients_vs_reference"]["value"]
                 == lines[f"remote_publish_pipelined_100_{n}_clients_vs_nats"]["value"])
+        for kind in ("publish_many", "consume_ack"):   # the socket beside the same loop in-process
+            row = lines[f"remote_{kind}_100_{n}_clients_vs_in_process"]
+            assert row["peer"] == f"in_process_{kind}_100_{n}_clients", row
+            assert row["value"] > 0 and row["peer_value"] > 0 and row["ratio"] > 0, row
+            assert row.get("target") == (0.85 if n == 1 else None), row
+            assert row["durability"].startswith("equal"), row
+        assert (lines[f"remote_publish_many_100_{n}_clients_vs_in_process"]["value"]
+                == lines[f"remote_publish_many_100_{n}_clients_vs_reference"]["value"])
 
 
 def _missing_brokers() -> str | None:
