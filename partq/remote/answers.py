@@ -54,11 +54,14 @@ def results_of(frame: dict) -> list[PublishResult]:
 
 def items_of(items: Iterable) -> list:
     """Batch items (payload, (payload, key) or (payload, key, headers)) as sent: each a
-    triple (msgpack sends a tuple as the list the server reads). ``InvalidMessage`` for what
-    is not a batch, an item of a wrong shape, or headers that are not storable (the server
-    could not read a frame with a map keyed by an int: it would end the connection), as
-    ``Broker.publish_many`` says it."""
+    triple (msgpack sends a tuple as the list the server reads), or a batch of pairs as it
+    is. ``InvalidMessage`` for what is not a batch, an item of a wrong shape, or headers that
+    are not storable (the server could not read a frame with a map keyed by an int: it would
+    end the connection), as ``Broker.publish_many`` says it."""
     check_batch(items)
+    items = items if type(items) is list else list(items)
+    if set(map(type, items)) == {tuple} and set(map(len, items)) == {2}:
+        return items            # (payload, key) pairs, the common batch: sent as they are
     out = [item if type(item) is tuple and len(item) == 3 else item_fields(item)
            for item in items]
     if any(headers is not None for _, _, headers in out):    # rare: each checked, in order
@@ -67,9 +70,9 @@ def items_of(items: Iterable) -> list:
 
 
 def check_each(items: list) -> None:
-    """``check_types`` of each triple ``items_of`` gave, in order."""
-    for payload, key, headers in items:
-        check_types(payload, key, headers)
+    """``check_types`` of each item ``items_of`` gave (a triple or a pair), in order."""
+    for item in items:
+        check_types(*item_fields(item))
 
 
 def unsendable(items: list) -> InvalidMessage | None:

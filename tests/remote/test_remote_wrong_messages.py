@@ -34,6 +34,8 @@ WRONG_BATCHES = {
     "an empty tuple": [(b"a", "k"), ()],
     "a 4-tuple": [(b"a", "k", None, None)],
     "payload int": [(b"a", "k"), (5, "k")],
+    "payload msgpack cannot send, among pairs": [(b"a", "k"), (object(), "k")],
+    "key int, pairs in a tuple": ((b"a", "k"), (b"b", 7)),
     "key int": [(b"a", 7)],
     "headers not storable": [(b"a", "k", {"a": object()})],
     "headers with a non-str key": [(b"a", "k", {1: "a"})],
