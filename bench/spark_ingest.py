@@ -12,6 +12,12 @@ The Spark figure is the wall time of ``save()`` after a warm-up job (JVM and Pyt
 already started): row generation in the JVM, Arrow transfer, encoding and staging in the tasks,
 and the driver's commit. The peer's rows are generated before its clock starts.
 
+Two lines of context split the writer's own work without Spark, the same rows in one Python
+process: ``stage_keyed_{PAYLOAD_BYTES}B_in_process`` (``partq.jobs.staging.Stager`` as the tasks
+use it, two task attempts of half the rows each, in turn) and ``commit_job_keyed_{PAYLOAD_BYTES}B``
+(the driver's ``commit_job`` of those attempts: it runs after every task ended, so its time
+adds to the tasks').
+
     python bench/spark_ingest.py [--rows N] [--quick] [--partitions P] [--keep DIR]
 """
 from __future__ import annotations
@@ -101,6 +107,31 @@ def work_dir(prefix: str, keep: str | None) -> Iterator[str]:
             shutil.rmtree(base, ignore_errors=True)
 
 
+def stage_and_commit(path: str, items: list[tuple[bytes, str]],
+                     partitions: int) -> tuple[float, float]:
+    """Seconds to stage ``items`` as two task attempts would (one after the other, in this
+    process), and seconds of the job's commit."""
+    from partq.jobs.staging import DEFAULT_BATCH_ROWS, Stager, commit_job, new_job_id
+    half, attempts = (len(items) + 1) // 2, []
+    with partq.Broker.open(path, auto_tick=False) as broker:
+        broker.create_queue(QUEUE, partitions=partitions)
+        job = new_job_id()
+        start = time.perf_counter()
+        for task in range(2):
+            stager = Stager(broker, QUEUE, job, task, 100 + task, DEFAULT_BATCH_ROWS)
+            part = items[task * half:(task + 1) * half]
+            for i in range(0, len(part), 10_000):
+                stager.add_items(part[i:i + 10_000])
+            attempts.append((task, 100 + task, stager.close()))
+        staged = time.perf_counter()
+        commit_job(broker, QUEUE, job, attempts)
+        committed = time.perf_counter()
+        if broker.queue_status(QUEUE).depth != len(items):
+            raise SystemExit(f"the staged job published {broker.queue_status(QUEUE).depth} rows, "
+                             f"expected {len(items)}")
+    return staged - start, committed - staged
+
+
 def main(argv=None) -> int:
     args = arguments(20_000, "20,000 rows (a smoke run)", argv)
     rows = args.rows
@@ -130,6 +161,12 @@ def main(argv=None) -> int:
         if depth(peer_path) != rows:
             raise SystemExit(f"publish_many wrote {depth(peer_path)} rows, expected {rows}")
 
+        stage_seconds, commit_seconds = stage_and_commit(os.path.join(base, "staged"), items,
+                                                         args.partitions)
+        for name, seconds in ((f"stage_keyed_{PAYLOAD_BYTES}B_in_process", stage_seconds),
+                              (f"commit_job_keyed_{PAYLOAD_BYTES}B", commit_seconds)):
+            print(json.dumps({"name": name, "unit": "rows/s", "value": round(rows / seconds, 1),
+                              "seconds": round(seconds, 3)}), flush=True)
         value, peer_value = rows / spark_seconds, rows / peer_seconds
         print(json.dumps({"name": f"spark_ingest_keyed_{PAYLOAD_BYTES}B", "unit": "rows/s",
                           "value": round(value, 1), "peer": f"publish_many_batch{PEER_BATCH}",

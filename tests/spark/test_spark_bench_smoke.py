@@ -3,6 +3,7 @@ timing assertions)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -20,12 +21,19 @@ def test_spark_ingest_quick_prints_side_by_side_json(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH), "--quick", "--keep", str(tmp_path / "bench")],
                           capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    # the peer (publish_many on the same rows) is measured by the bench, not printed as a line
-    lines = check_bench_lines([line for line in done.stdout.splitlines() if line.strip()],
+    # the peer (publish_many on the same rows) is measured by the bench, not printed as a line;
+    # the writer's own work without Spark (staging, then the commit) is context, with no peer
+    printed = [line for line in done.stdout.splitlines() if line.strip()]
+    context = {"stage_keyed_256B_in_process", "commit_job_keyed_256B"}
+    lines = check_bench_lines([line for line in printed if json.loads(line)["name"] not in context],
                               {"spark_ingest_keyed_256B"}, keys=BENCH_KEYS | BENCH_PEER_KEYS,
                               only_keys=True, peers_in_run=False, ratio_from="measured")
     for line in lines.values():
         assert isinstance(line["peer"], str) and line["unit"] == "rows/s", line
+    split = check_bench_lines([line for line in printed if json.loads(line)["name"] in context],
+                              context, keys=BENCH_KEYS | {"seconds"}, only_keys=True)
+    for line in split.values():
+        assert line["unit"] == "rows/s" and line["seconds"] > 0, line
 
 
 READ_BENCH = BENCH.parent / "spark_read.py"
