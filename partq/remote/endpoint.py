@@ -233,7 +233,7 @@ class RemoteEndpoint:
     def _refuse(self, msgs: list[Message], verb: str) -> None:
         """Raise what the server would for acks or nacks of ``msgs``: ``InvalidAck`` for a
         message of another queue, ``FlowFenced`` once the flow is closed."""
-        if any(queue != self.queue for queue in set(map(_QUEUE, msgs))):
+        if set(map(_QUEUE, msgs)) - {self.queue}:
             m = next(m for m in msgs if m.queue != self.queue)
             raise InvalidAck(f"message of queue {m.queue!r} {verb} on a flow of "
                              f"{self.queue!r}")

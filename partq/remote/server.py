@@ -340,4 +340,3 @@ class Session:
             item = self._completions.get()
             if item is None or not self._answer(*item):
                 return
-
