@@ -39,7 +39,8 @@ __all__ = ["PartqError", "NotAPartqStore", "FormatVersionMismatch", "CorruptStor
            "ReplicationTimeout", "PartitionNotFound", "CopyOutError", "FlowFenced",
            "AuthenticationFailed", "ProtocolMismatch", "ServerUnavailable", "PeerRefused",
            "ReplicationRefused", "OpenedReadOnly", "TornRead", "CopyInError", "InvalidAck",
-           "LockHeld", "OwnerLost", "FrameError", "HandshakeFailed", "JobFinished", "JobAborted",
+           "LockHeld", "OwnerLost", "FrameError", "ConnectionEnded",
+           "HandshakeFailed", "JobFinished", "JobAborted",
            "StagedRowsMismatch", "UnsafeDirectory", "AccessDenied", "StoreBusy", "QueueFull",
            "Superseded"]
 
@@ -199,6 +200,10 @@ class ProtocolMismatch(PartqError):
 class FrameError(PartqError):
     """A frame failed its checks (checksum, length, msgpack) or is not a request the reader
     knows; the connection that carried it ends."""
+
+
+class ConnectionEnded(FrameError):
+    """The peer closed the connection between two frames: an end, not damage."""
 
 
 class HandshakeFailed(PartqError):

@@ -53,6 +53,7 @@ from partq.storage.txn import check_queue_name
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
+from partq.wire.tls import Conn, serial
 
 log = logging.getLogger("partq.server")
 
@@ -81,7 +82,8 @@ class Server:
     def _session(self, sock: socket.socket, hello: dict, where: str) -> None:
         who = f"{where} (pid {printable(hello.get('pid'))} on {printable(hello.get('host'))})"
         log.info("client %s connected", who)
-        Session(self, sock, who, str(hello.get("client_id") or "")).run()
+        # read by this thread, written by the session's: a TLS connection needs a lock
+        Session(self, serial(sock), who, str(hello.get("client_id") or "")).run()
 
     def claim_name(self, queue: str, name: str, session: Session) -> None:
         """``session`` binds the flow ``name`` of ``queue``. If a stale session of the same
@@ -112,7 +114,7 @@ class Server:
 
 
 class Session:
-    def __init__(self, server: Server, sock: socket.socket, who: str, client_id: str) -> None:
+    def __init__(self, server: Server, sock: Conn, who: str, client_id: str) -> None:
         self.server = server
         self.broker = server.broker
         self.sock = sock

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import crc32c
 import msgpack
 
-from partq.errors import FrameError, PartqError
+from partq.errors import ConnectionEnded, FrameError, PartqError
+from partq.wire.tls import Conn, SerialTLS
 
 HEADER = struct.Struct(">II")
 MAX_FRAME = 256 << 20
@@ -54,13 +55,19 @@ def read_frame(stream, max_frame: int = MAX_FRAME, max_items: int | None = None)
         if len(data) < n:
             raise FrameError(f"connection closed mid-frame ({len(data)} of {n} bytes)")
         return data
-    return _read(read, max_frame, max_items)
+    head = stream.read(HEADER.size)
+    if not head:
+        raise ConnectionEnded("closed the connection")
+    if len(head) < HEADER.size:
+        raise FrameError(f"connection closed mid-frame ({len(head)} of {HEADER.size} bytes)")
+    return _read(read, max_frame, max_items, head)
 
 
-def _read(read, max_frame: int, max_items: int | None = None):
-    """One frame through ``read(n)`` (exactly n bytes, or ``FrameError``): its length checked
-    before the body is read, then its checksum, then its msgpack."""
-    length, crc = HEADER.unpack(read(HEADER.size))
+def _read(read, max_frame: int, max_items: int | None = None, head: bytes | None = None):
+    """One frame through ``read(n)`` (exactly n bytes, or ``FrameError``), after its header
+    when that was read already: its length checked before the body is read, then its
+    checksum, then its msgpack."""
+    length, crc = HEADER.unpack(head if head is not None else read(HEADER.size))
     if length > max_frame:
         raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
     body = read(length)
@@ -86,7 +93,7 @@ class Outbox:
     what is queued or being written, so that producers can wait for a slow reader
     (``wait_below``, or ``when_below`` without a thread) instead of piling up memory."""
 
-    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None,
+    def __init__(self, sock: Conn, name: str, on_error=None, gather=None,
                  direct: str | None = None) -> None:
         self._sock = sock
         self._cond = threading.Condition()
@@ -186,7 +193,7 @@ class Outbox:
         (its descriptor is non-blocking) that is not TLS (whose records cannot be cut
         anywhere) is written this way; otherwise nothing is."""
         sock = self._sock
-        if sock.gettimeout() is None or isinstance(sock, ssl.SSLSocket):
+        if sock.gettimeout() is None or isinstance(sock, (ssl.SSLSocket, SerialTLS)):
             return 0
         try:
             return os.write(sock.fileno(), data)

@@ -100,18 +100,26 @@ class Listener:
                 self._stop.wait(ACCEPT_POLL)
                 continue
             where = f"{peer[0]}:{peer[1]}"
-            evicted = self._admission.admit(conn)
+            try:
+                # cut off and shut down through a second descriptor of the same socket: TLS
+                # takes ``conn``'s over (``conn`` is detached) as soon as it wraps it
+                handle = conn.dup()
+            except OSError as exc:
+                log.warning("%s listener could not take %s: %s", self.role, where, exc)
+                conn.close()
+                continue
+            evicted = self._admission.admit(handle)
             if evicted is not None:
                 log.warning("%s listener cut off %s, the oldest of %d connections still in their "
                             "handshake, to admit %s", self.role, _peer_of(evicted),
                             self.limits.max_handshakes, where)
-            thread = threading.Thread(target=self._serve, args=(conn, where, peer[0]),
+            thread = threading.Thread(target=self._serve, args=(conn, handle, where, peer[0]),
                                       name=f"partq-{self.role}-conn", daemon=True)
             with self._lock:
                 self._threads = [t for t in self._threads if t.is_alive()] + [thread]
             thread.start()
 
-    def _serve(self, conn: socket.socket, where: str, host: str) -> None:
+    def _serve(self, conn: socket.socket, handle: socket.socket, where: str, host: str) -> None:
         sock = conn
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -123,39 +131,39 @@ class Listener:
             if self.ssl_context is not None:
                 sock = self.ssl_context.wrap_socket(conn, server_side=True)
             hello = server_handshake(sock, self.role, self.token, self.limits.handshake_timeout,
-                                     self.limits.max_frame, admit=lambda: self._admit(conn))
+                                     self.limits.max_frame, admit=lambda: self._admit(handle))
         except (HandshakeFailed, FrameError, OSError, ssl.SSLError) as exc:
             log.warning("%s listener dropped %s during the handshake: %s", self.role, where, exc)
-            self._done(conn, sock)
+            self._done(conn, handle, sock)
             return
         except Exception:  # a bug ends this connection only, visibly
             log.exception("%s listener: the handshake with %s failed", self.role, where)
-            self._done(conn, sock)
+            self._done(conn, handle, sock)
             return
         try:
             self._handler(sock, hello, where)
         except Exception:  # a bug ends this connection only, visibly
             log.exception("%s connection from %s failed", self.role, where)
         finally:
-            self._done(conn, sock)
+            self._done(conn, handle, sock)
 
-    def _admit(self, conn: socket.socket) -> str | None:
+    def _admit(self, handle: socket.socket) -> str | None:
         """Called once a peer proved itself, before it is welcomed: move it from the
         handshake's slots to the authenticated ones, or say why not."""
-        if not self._admission.release(conn):
+        if not self._admission.release(handle):
             return "cut off: the handshake took too long"
         with self._lock:
             if len(self._active) >= self.limits.max_connections:
                 return (f"the {self.role} listener serves {self.limits.max_connections} "
                         f"connections already; retry later")
-            self._active.add(conn)
+            self._active.add(handle)
         return None
 
-    def _done(self, conn: socket.socket, sock: socket.socket) -> None:
-        self._admission.release(conn)
+    def _done(self, conn: socket.socket, handle: socket.socket, sock) -> None:
+        self._admission.release(handle)
         with self._lock:
-            self._active.discard(conn)
-        for s in {sock, conn}:
+            self._active.discard(handle)
+        for s in (sock, conn, handle):
             try:
                 s.close()
             except OSError:

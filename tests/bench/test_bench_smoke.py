@@ -118,3 +118,13 @@ def test_takeover_bench_quick_prints_json_lines(tmp_path):
                        "owner_takeover_after_sigstop_consumer_timeout_1s",
                        "publish_worst_latency_1s_nobody_stopped",
                        "publish_worst_latency_consumer_stopped_1s"}, ratio_from="measured")
+
+
+def test_tls_soak_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("tls_soak", tmp_path)
+    lines = [json.loads(x) for x in stdout.splitlines()]
+    check_bench_lines(stdout.splitlines(), {"load_average_at_start", "tls_soak_lost_connections",
+                                            "tls_soak_rounds_per_s"}, ratio_from="measured",
+                      positive=False, peers_in_run=False)
+    lost = next(x for x in lines if x["name"] == "tls_soak_lost_connections")
+    assert lost["value"] == 0 and lost["requests_failed"] == 0, lost
