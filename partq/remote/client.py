@@ -139,9 +139,9 @@ class Client:
         while True:
             try:
                 return self._open()
-            except _HandshakeDropped:
+            except _HandshakeDropped as exc:
                 if time.monotonic() + delay >= deadline:
-                    raise
+                    raise ServerUnavailable(str(exc)) from None     # the public class
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF[1])
 
@@ -158,7 +158,15 @@ class Client:
                 sock = self._ssl.wrap_socket(sock, server_hostname=self._addr[0])
             hello = client_handshake(sock, "serve", self._token, self.timeout, pid=os.getpid(),
                                      host=socket.gethostname(), client_id=self._client_id)
-        except (OSError, FrameError, ssl_module.SSLError) as exc:
+        except TimeoutError:
+            sock.close()
+            # a TLS server waits for the client's TLS hello and sends nothing: not a moment's
+            # failure, so not tried again
+            tls = ("; if it serves TLS (--tls-cert), connect with ssl=... (or --tls-ca)"
+                   if self._ssl is None else "")
+            raise ServerUnavailable(f"partq serve at {self.address} sent no hello within "
+                                    f"{self.timeout:g} s{tls}") from None
+        except (OSError, FrameError) as exc:
             sock.close()
             # a TLS failure is the configuration's, not the moment's: never tried again
             kind = ServerUnavailable if isinstance(exc, ssl_module.SSLError) else _HandshakeDropped

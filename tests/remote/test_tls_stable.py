@@ -123,3 +123,13 @@ def test_serial_tls_refuses_to_be_used_as_a_writable_file(tls_server):
                 stream.read(1)
     finally:
         conn.close()
+
+
+def test_a_plain_client_on_a_tls_server_is_told_to_use_tls(tls_server):
+    """A TLS server waits for the client's TLS hello and says nothing: the plain client fails
+    once its timeout is up, with the public error and what to do, and is not tried again."""
+    broker, server, context = tls_server
+    with pytest.raises(partq.ServerUnavailable) as caught:
+        partq.connect(server.address, token=TOKEN, timeout=1)
+    assert type(caught.value) is partq.ServerUnavailable
+    assert "sent no hello within 1 s" in str(caught.value) and "ssl=" in str(caught.value)
