@@ -30,11 +30,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from brokers import die_with_parent  # noqa: E402
-from method import emit, header, line, log  # noqa: E402
+from brokers import die_with_parent
+from method import emit, header, line, log
 
-import partq  # noqa: E402
-import partq.aio  # noqa: E402
+import partq
+import partq.aio
 
 TOKEN = "bench-token-" + "0" * 32
 PARTQ = os.path.join(os.path.dirname(sys.executable), "partq")

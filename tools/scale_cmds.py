@@ -23,22 +23,48 @@ from partq.tools.output import Output, output_options
 
 
 class HumanReporter(scaling.Reporter):
-    def __init__(self, out: Output) -> None:
+    """Lines for a person. Offline, every step of the seven, numbered; a skipped one in one
+    line. Online only the steps that do something, unnumbered: the others are the offline
+    procedure's, skipped by design."""
+
+    def __init__(self, out: Output, online: bool) -> None:
         self.out = out
+        self.online = online
         self._bar: Any = None          # click's progress bar while step 2 drains
         self._shown = 0
         self._last_depth: int | None = None
         self._last_line = 0.0
+        self._title: tuple[int, str] | None = None     # a step's title, not printed yet
+        self._skip = ""                                # why the step is skipped, if it is
+
+    def _tag(self, step: int) -> str:
+        return "" if self.online else f"[{step}/7] "
 
     def start(self, step: int, text: str) -> None:
-        self.out.echo(f"[{step}/7] {text} ...")
+        self._title, self._skip = (step, text), ""
+
+    def _show_title(self) -> None:
+        if self._title is not None:
+            step, text = self._title
+            self.out.echo(f"{self._tag(step)}{text} ...")
+            self._title = None
 
     def note(self, step: int, text: str) -> None:
+        if self._title is not None and not self._skip and text.startswith("skipped"):
+            self._skip = text            # shown with the step's end, if at all
+            return
+        self._show_title()
         self.out.echo(f"      {text}")
 
     def done(self, step: int, status: str, seconds: float, detail: dict) -> None:
         self._close_bar()
-        self.out.echo(f"[{step}/7] {status} in {seconds:.3f} s")
+        if status == "skipped" and self._title is not None:
+            self._title = None
+            if not self.online:
+                self.out.echo(f"[{step}/7] {self._skip or 'skipped'}")
+            return
+        self._show_title()
+        self.out.echo(f"{self._tag(step)}{status} in {seconds:.3f} s")
 
     def drain(self, depth: int, initial: int) -> None:
         if initial <= 0:
@@ -187,8 +213,10 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
             question = (f"Scale queue {queue!r} from {config.partitions} to {partitions} partitions? "
                         f"Its ingress is disabled until the procedure ends"
                         f"{loss}; meanwhile {scaling.describe_ingress_off(config)}.")
-        confirm(yes, question, f"pass --yes to scale queue {queue!r}")
-        reporter = JsonReporter(out) if out.json else HumanReporter(out)
+        if resuming or not online or partitions < config.partitions:
+            # an online scale-up changes no message and stops nothing: nothing to confirm
+            confirm(yes, question, f"pass --yes to scale queue {queue!r}")
+        reporter = JsonReporter(out) if out.json else HumanReporter(out, online)
         removed_before = removed_messages(broker, queue)
         with stop_on_signals() as stop:
             summary = scaling.run(broker, queue, partitions, drain=not no_drain,

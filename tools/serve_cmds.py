@@ -70,7 +70,7 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
               help="Serve Prometheus metrics over HTTP on this address (GET /metrics; an empty "
                    "HOST is 127.0.0.1; see docs/operations.md).")
 @click.option("--replication-listen", metavar="HOST:PORT",
-              help="Serve DR-standbys on this TCP address (`partq dr standby --primary`); "
+              help="Serve DR-standbys on this TCP address (`partq standby --primary`); "
                    "without --replication-token-file only loopback standbys are let in.")
 @click.option("--replication-mode", type=click.Choice(["async", "sync"]), default="async",
               show_default=True,
@@ -102,7 +102,7 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
     hosts reach it with partq.connect("HOST:PORT", token=...). It logs one line per connection,
     bind, disconnect and rebalance on stderr.
 
-    With --replication-listen it is also a DR primary: standbys started with `partq dr standby
+    With --replication-listen it is also a DR primary: standbys started with `partq standby
     --primary HOST:PORT` (same token, and --tls/--tls-ca when TLS is on) follow it.
     """
     configure_logging(log_level, log_format)

@@ -42,7 +42,9 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     """Per-queue depth, discards, dead messages, quota refusals, statuses and flows, and the
     store's sizes.
 
-    DEAD counts the queue's dead messages (expired, delivered --max-redelivery times, or
+    DISCARDED counts the publishes the queue discarded: while its ingress was off, or over its
+    --max-depth or --max-bytes with --reject-msg-to-sender off (--json: discarded and
+    quota_discarded); DEAD its dead messages (expired, delivered --max-redelivery times, or
     rejected: moved to its dead message queue, or discarded without one); QUOTA REFUSED the
     publishes its --max-depth or --max-bytes refused.
 
@@ -76,7 +78,7 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     out.echo()
     out.table(["QUEUE", "PARTITIONS", "DEPTH", "ACCESS", "DISCARDED", "DEAD", "QUOTA REFUSED",
                "REBALANCE", "SCALING", "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
-              [[q["name"], q["partitions"], q["depth"], q["access_type"], q["discarded"],
+              [[q["name"], q["partitions"], q["depth"], q["access_type"], _discarded(q),
                 q["dead"], q["quota_refused"],
                 q["rebalance_status"] or "unknown", q["scaling_status"], q["flows"],
                 q["active_flows"], on_off(q["ingress_enabled"]), on_off(q["egress_enabled"])]
@@ -86,6 +88,13 @@ def stats(app: App, queue: str | None, out: Output) -> None:
             out.warn(q["error"])
     for note in notes:
         out.warn(note)
+
+
+def _discarded(row: dict) -> int | None:
+    """Publishes a queue discarded, while its ingress was off and over its quota."""
+    if row["discarded"] is None:
+        return None
+    return row["discarded"] + (row["quota_discarded"] or 0)
 
 
 @click.command()

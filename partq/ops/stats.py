@@ -22,7 +22,8 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     an exclusive queue), ``scaling_status``, ``ingress_enabled``, ``egress_enabled``, then from
     its status ``depth``, ``discarded``, ``parent_depth``, ``rebalance_status``, ``flows``,
     ``active_flows``, ``delivery_owner``, ``dead`` (dead messages, every reason, moved to the
-    dead message queue or discarded), ``quota_refused``, ``error`` (None) and ``warnings``.
+    dead message queue or discarded), ``quota_refused``, ``quota_discarded``, ``error`` (None)
+    and ``warnings``.
     When the status cannot be read, those are None, ``error`` says why and there is no
     ``warnings``."""
     row = {"name": config.name, "access_type": config.access_type,
@@ -35,7 +36,7 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
         row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None,
                    flows=None, active_flows=None, delivery_owner=None, dead=None,
-                   quota_refused=None, error=one_line(str(exc)))
+                   quota_refused=None, quota_discarded=None, error=one_line(str(exc)))
     else:
         row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                    parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
@@ -43,7 +44,8 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
                    flows=sum(1 for f in st.flows if f.bound),
                    active_flows=sum(1 for f in st.flows if f.bound and f.active),
                    delivery_owner=st.delivery_owner, dead=dead_total(st.dead),
-                   quota_refused=st.quota_refused, error=None, warnings=st.warnings)
+                   quota_refused=st.quota_refused, quota_discarded=st.quota_discarded,
+                   error=None, warnings=st.warnings)
     return row
 
 

@@ -107,7 +107,7 @@ def test_usage_errors_exit_2(run, args):
     (["publish", "orders", "--header", "novalue", "x"], "NAME=VALUE"),
     (["publish", "orders", "--format", "jsonl", "{}"], "argument 1"),
     (["publish", "orders", "--format", "jsonl", "not json"], "argument 1: not JSON"),
-    (["scale", "orders", "--partitions", "4"], "pass --yes"),
+    (["scale", "orders", "--partitions", "1"], "pass --yes"),     # a scale-down asks
     (["queue", "delete", "orders"], "pass --yes"),
     (["inspect", "orders", "--partition", "2"], "partitions 0 to 1"),
     (["inspect", "orders", "--partition", "-1"], "partitions 0 to 1"),

@@ -276,3 +276,18 @@ def test_message_bad_positions_are_one_line(run, jobs, command, args, fragments)
 def test_message_partition_must_be_a_number_or_parent(run, jobs):
     usage_error(run("message", "kill", jobs, "zero", "0", "--yes"))
     usage_error(run("message", "ack", jobs, "0", "first", "--yes"))
+
+
+def test_stats_counts_the_publishes_a_quota_discarded(run, broker):
+    """`queue show` said "quota discarded 2" while `stats` said DISCARDED 0."""
+    ok(run("queue", "create", "small", "-p", "1", "--max-depth", "1",
+           "--reject-msg-to-sender", "off"))
+    for payload in ("kept", "dropped-1", "dropped-2"):
+        broker.publish("small", payload.encode())
+    assert broker.queue_status("small").quota_discarded == 2
+    (row,) = json.loads(ok(run("stats", "small", "--json")).stdout)["queues"]
+    assert (row["discarded"], row["quota_discarded"]) == (0, 2)
+    table = ok(run("stats", "small")).stdout.splitlines()
+    header = table.index(next(line for line in table if line.startswith("QUEUE")))
+    columns, values = table[header].split(), table[header + 1].split()
+    assert values[columns.index("DISCARDED")] == "2", table

@@ -160,7 +160,8 @@ def test_stats(run, broker):
                       "discarded": 4, "scaling_status": "Ready", "parent_depth": 0,
                       "ingress_enabled": False, "egress_enabled": True, "depth": 30,
                       "rebalance_status": "Ready", "flows": 0, "active_flows": 0,
-                      "delivery_owner": None, "dead": 0, "quota_refused": 0, "error": None,
+                      "delivery_owner": None, "dead": 0, "quota_refused": 0, "quota_discarded": 0,
+                      "error": None,
                       "warnings": []}
     one = json.loads(ok(run("stats", "other", "--json")).stdout)
     assert [q["name"] for q in one["queues"]] == ["other"]

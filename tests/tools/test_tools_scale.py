@@ -196,13 +196,15 @@ def test_scale_is_online_by_default_and_loses_no_publish(run, broker):
     publisher.start()
     try:
         wait_until(lambda: len(results) >= 20, 10, "the publisher to start")
-        text = ok(run("scale", "orders", "-p", "6", "--yes")).stdout
+        text = ok(run("scale", "orders", "-p", "6")).stdout    # a scale-up online: no question
         n = len(results)
         wait_until(lambda: len(results) >= n + 20, 10, "publishes after the scaling")
     finally:
         stop.set()
         publisher.join(timeout=10)
-    assert "skipped (online): ingress stays on" in text and "scaled from 2 to 6" in text
+    # only the steps that do something, unnumbered: the offline ones are not listed
+    assert "Disable ingress" not in text and "[4/7]" not in text, text
+    assert "Change the partition count" in text and "scaled from 2 to 6" in text
     assert not any(r.discarded for r in results)
     assert broker.queue_status("orders").discarded == 0
     assert broker.queue_config("orders").ingress_enabled
@@ -244,3 +246,13 @@ def test_an_online_scale_down_deletes_nothing_and_says_so(run, broker):
     assert not errors
     assert "deleted" not in text and "scaled from 4 to 2" in text
     assert sorted(acked) == sorted(published)        # every message of 2 and 3 delivered too
+
+
+def test_only_a_scale_that_stops_or_removes_something_asks_first(run):
+    """Without a terminal, an online scale-up runs at once (README's example, in a script);
+    a scale-down, the offline procedure and a resume still want --yes."""
+    ok(run("queue", "create", "orders", "-p", "2"))
+    ok(run("scale", "orders", "-p", "4"))
+    for args in (["-p", "2"], ["-p", "6", "--offline", "--allow-discard"]):
+        refused = run("scale", "orders", *args)
+        assert refused.exit_code == 1 and "pass --yes" in refused.output, refused.output
