@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 
 from partq import errors
+from partq.clock import MAX_SECONDS
 from partq.errors import FrameError, PartqError, ProtocolMismatch, ServerUnavailable
 from partq.flow import Flow
 from partq.message import PublishResult
@@ -37,6 +38,7 @@ from partq.status import FlowStatus, PartitionStatus, QueueStatus
 from partq.storage.txn import check_queue_name
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
+from partq.wire.tls import Conn, serial
 
 log = logging.getLogger("partq.client")
 
@@ -64,6 +66,10 @@ def connect(address: str, token: str | bytes | None = None,
     if not reconnect_timeout > 0:
         raise errors.InvalidConfig(f"reconnect_timeout must be > 0 seconds, not "
                                    f"{reconnect_timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout <= MAX_SECONDS:      # (NaN is none of them)
+        raise errors.InvalidConfig(f"timeout must be a number of seconds above 0, at most "
+                                   f"{MAX_SECONDS:g}, not {timeout!r}")
     return Client(address, read_token(token, token_file), client_context(ssl), timeout,
                   reconnect_timeout)
 
@@ -83,7 +89,7 @@ class _HandshakeDropped(ServerUnavailable):
     """The server closed the connection during the handshake (``Client._first_open``)."""
 
 
-def _hang_up(sock: socket.socket, stream, outbox: Outbox) -> None:
+def _hang_up(sock: Conn, stream, outbox: Outbox) -> None:
     """Close a connection the reader gave up on: the server sees it end (and unbinds its
     flows), and its writer thread stops."""
     outbox.close()
@@ -117,12 +123,12 @@ class Client:
         self._beat = 10.0
         self.max_frame = MAX_FRAME
         self._outbox: Outbox | None = None
-        self._sock: socket.socket | None = None
+        self._sock: Conn | None = None
         self._sock = self._first_open()
         self._start(self._sock)
 
     # ------------------------------------------------------------------ connection
-    def _first_open(self) -> socket.socket:
+    def _first_open(self) -> Conn:
         """``_open``, again while the server drops the handshake (it sheds the oldest
         handshake when too many connections are in theirs: a flood of clients, or an attack),
         for up to ``timeout`` seconds. A server that cannot be reached, or refuses the token,
@@ -138,7 +144,7 @@ class Client:
                 time.sleep(delay)
                 delay = min(delay * 2, BACKOFF[1])
 
-    def _open(self) -> socket.socket:
+    def _open(self) -> Conn:
         try:
             sock = socket.create_connection(self._addr, timeout=self.timeout)
         except OSError as exc:
@@ -161,35 +167,36 @@ class Client:
             sock.close()
             raise
         self.max_frame = int(hello.get("max_frame", MAX_FRAME))
-        return sock
+        return serial(sock)     # read by one thread, written by others: TLS needs a lock
 
-    def _start(self, sock: socket.socket) -> None:
+    def _start(self, sock: Conn) -> None:
         self._outbox = Outbox(sock, "partq-client-send", gather=self._gather, direct="wait")
         threading.Thread(target=self._read_loop, args=(sock, self._outbox),
                          name="partq-client-read", daemon=True).start()
         threading.Thread(target=self._beat_loop, args=(sock, self._outbox),
                          name="partq-client-beat", daemon=True).start()
 
-    def _read_loop(self, sock: socket.socket, outbox: Outbox) -> None:
+    def _read_loop(self, sock: Conn, outbox: Outbox) -> None:
         """Hand the server's frames to the requests and flows they answer until the connection
         ends, or until a frame is neither an answer nor a push this client can read (logged):
         either way this connection is closed and the client reconnects (``_lost``)."""
         stream = sock.makefile("rb", buffering=1 << 16)
+        why = "the server closed it"
         try:
             while True:
                 frame = read_frame(stream, MAX_FRAME)
                 if not isinstance(frame, dict):
                     raise ProtocolMismatch(f"a frame that is a {type(frame).__name__}, not a map")
                 self._dispatch(frame)
-        except (FrameError, OSError, ssl_module.SSLError):
-            pass          # the connection ended, or carried a damaged frame
+        except (FrameError, OSError) as exc:     # ssl.SSLError is an OSError
+            why = f"{type(exc).__name__}: {exc}"     # ended, or carried a damaged frame
         except Exception as exc:  # a frame it cannot make sense of: this connection is lost
-            log.warning("partq serve at %s sent %s; dropping the connection",
-                        self.address, exc if isinstance(exc, ProtocolMismatch)
-                        else f"a frame this client cannot read ({exc!r})")
+            why = (str(exc) if isinstance(exc, ProtocolMismatch)
+                   else f"a frame this client cannot read ({exc!r})")
+            log.warning("partq serve at %s sent %s; dropping the connection", self.address, why)
         finally:
             _hang_up(sock, stream, outbox)
-        self._lost(sock)
+        self._lost(sock, why)
 
     def _dispatch(self, frame: dict) -> None:
         req = frame.get("req")
@@ -204,7 +211,7 @@ class Client:
         if endpoint is not None:
             endpoint.pushed(frame)
 
-    def _beat_loop(self, sock: socket.socket, outbox: Outbox) -> None:
+    def _beat_loop(self, sock: Conn, outbox: Outbox) -> None:
         while self._sock is sock and not self._closed:
             time.sleep(min(self._beat / 4, 1.0))
             try:
@@ -226,7 +233,7 @@ class Client:
                 threading.Thread(target=endpoint.unbind, args=(f"unbound by the client: {reason}",),
                                  name="partq-unbind-hung", daemon=True).start()
 
-    def _lost(self, sock: socket.socket) -> None:
+    def _lost(self, sock: Conn, why: str) -> None:
         with self._lock:
             if self._sock is not sock:
                 return
@@ -234,14 +241,14 @@ class Client:
             pending, self._requests = list(self._requests.values()), {}
             flows = list(self._flows.values())
         for p in pending:
-            p.resolve(None, ServerUnavailable(f"lost the connection to {self.address} before the "
-                                              f"answer: the request may or may not have taken "
-                                              f"effect"))
+            p.resolve(None, ServerUnavailable(f"lost the connection to {self.address} ({why}) "
+                                              f"before the answer: the request may or may not "
+                                              f"have taken effect"))
         if self._closed:
             return
         for endpoint in flows:
             endpoint.disconnected()
-        log.warning("lost the connection to %s; reconnecting", self.address)
+        log.warning("lost the connection to %s (%s); reconnecting", self.address, why)
         threading.Thread(target=self._reconnect, name="partq-client-reconnect",
                          daemon=True).start()
 
@@ -273,7 +280,7 @@ class Client:
                 self._bind_again(flows, sock)
                 return
 
-    def _bind_again(self, flows: list[RemoteEndpoint], sock: socket.socket) -> None:
+    def _bind_again(self, flows: list[RemoteEndpoint], sock: Conn) -> None:
         again = []
         for endpoint in flows:
             try:

@@ -18,6 +18,7 @@ import crc32c
 import msgpack
 
 from partq.errors import FrameError, PartqError
+from partq.wire.tls import Conn, SerialTLS
 
 HEADER = struct.Struct(">II")
 MAX_FRAME = 256 << 20
@@ -86,7 +87,7 @@ class Outbox:
     what is queued or being written, so that producers can wait for a slow reader
     (``wait_below``, or ``when_below`` without a thread) instead of piling up memory."""
 
-    def __init__(self, sock: socket.socket, name: str, on_error=None, gather=None,
+    def __init__(self, sock: Conn, name: str, on_error=None, gather=None,
                  direct: str | None = None) -> None:
         self._sock = sock
         self._cond = threading.Condition()
@@ -186,7 +187,7 @@ class Outbox:
         (its descriptor is non-blocking) that is not TLS (whose records cannot be cut
         anywhere) is written this way; otherwise nothing is."""
         sock = self._sock
-        if sock.gettimeout() is None or isinstance(sock, ssl.SSLSocket):
+        if sock.gettimeout() is None or isinstance(sock, (ssl.SSLSocket, SerialTLS)):
             return 0
         try:
             return os.write(sock.fileno(), data)

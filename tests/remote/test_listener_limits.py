@@ -117,7 +117,9 @@ def test_trickling_peers_never_keep_a_standby_out(tmp_path):
                                    replication_token=TOKEN.decode()) as standby:
                 wait_until(lambda: standby.replication_status().connected, 60,
                            "the standby connected past the trickling peers")
-                wait_until(lambda: standby.queue_status("q").depth == 1, 60, "the standby caught up")
+                # connected comes before the snapshot is loaded: until then there is no queue
+                wait_until(lambda: any(c.name == "q" for c in standby.queues())
+                           and standby.queue_status("q").depth == 1, 60, "the standby caught up")
         finally:
             trickle.close()
     finally:
