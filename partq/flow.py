@@ -20,6 +20,9 @@ from partq.errors import InvalidAck, InvalidConfig
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending, WriteHandle
 
+U32 = (1 << 32) - 1         # the largest partition number storage holds
+U64 = (1 << 64) - 1         # the largest sequence
+
 
 class FlowEndpoint(Protocol):
     """What a ``Flow`` calls: one interface for the three places a flow can be bound.
@@ -212,7 +215,8 @@ class Flow:
         """Up to ``max_messages`` messages from this flow's partitions, in order per partition.
 
         Returns as soon as at least one message is available, or an empty list once ``timeout``
-        seconds (real time) passed; ``timeout=0`` never blocks. Bounded by
+        seconds (real time) passed; ``timeout=0`` never blocks. A timeout longer than ten years
+        (``math.inf`` too) waits ten years: for ever, in practice. Bounded by
         ``max_delivered_unacked_per_flow`` (rule `max-unacked`). A waiting receive sleeps: it wakes for new
         messages, a change of its partitions or a due timer, and looks for other processes'
         publishes every 20 ms at the cost of one read of the store's version.
@@ -220,9 +224,9 @@ class Flow:
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise InvalidConfig(f"max_messages must be an integer >= 1, not {max_messages!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                or not math.isfinite(timeout) or timeout < 0:
-            raise InvalidConfig(f"timeout must be a finite number of seconds >= 0, not {timeout!r}")
-        return self._endpoint.receive(max_messages, timeout)
+                or math.isnan(timeout) or timeout < 0:
+            raise InvalidConfig(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+        return self._endpoint.receive(max_messages, min(timeout, MAX_SECONDS))
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
                  poll: float = 0.2) -> Iterator[Message]:
@@ -269,10 +273,10 @@ class Flow:
         (a consumer of ranges, such as Spark's stream). Fenced like ``ack_many`` (rule `fencing`): raises
         ``FlowFenced`` when the flow does not hold the partition. Durable once ``result()``
         returns."""
-        for name, value in (("partition", partition), ("seq", seq)):
-            if type(value) is not int or value < 0:
-                raise InvalidAck(f"ack_through takes a {name} that is an integer >= 0, not "
-                                 f"{value!r}")
+        for name, value, high in (("partition", partition, U32), ("seq", seq, U64)):
+            if type(value) is not int or not 0 <= value <= high:
+                raise InvalidAck(f"ack_through takes a {name} that is an integer from 0 to "
+                                 f"{high}, not {value!r}")
         return Pending(self._endpoint.ack_through(partition, seq))
 
     def nack(self, msg: Message, delay: float | None = None) -> list[int]:

@@ -13,6 +13,7 @@ from partq.delivery import DeliveryLock, ack_parent_log
 from partq.delivery.holds import clear_cutover
 from partq.delivery.outside import ack_op, kill_op
 from partq.errors import InvalidConfig, QueueExists, queue_not_found
+from partq.flow import U32, U64
 from partq.publish.publisher import Publisher
 from partq.scaling.progress_log import scaling_log
 from partq.states import ScalingState
@@ -38,9 +39,10 @@ def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
 
 
 def _check_position(partition, seq) -> None:
-    for what, v in (("partition", partition), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidConfig(f"{what} must be an integer >= 0, not {v!r}")
+    """Refuse a position storage cannot hold (a partition below 2**32, a seq below 2**64)."""
+    for what, v, high in (("partition", partition, U32), ("seq", seq, U64)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
+            raise InvalidConfig(f"{what} must be an integer from 0 to {high}, not {v!r}")
 
 
 class QueueAdmin:

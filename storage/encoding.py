@@ -131,6 +131,18 @@ def unpack_chunk(value: bytes, last: int) -> tuple[int, list[bytes]]:
     return first, chunk
 
 
+def chunk_span(value: bytes) -> tuple[int, int] | None:
+    """``(first_seq, records)`` of a stored chunk, from its header alone; None when the header
+    is not a chunk's (the records themselves are checked by ``unpack_chunk``)."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(value[:18])
+    try:
+        n, first = unpacker.read_array_header(), unpacker.unpack()
+    except Exception:  # msgpack raises a zoo of types on bad input
+        return None
+    return (first, n - 1) if type(first) is int and first >= 0 and n >= 2 else None
+
+
 def chunk_length(value: bytes) -> int:
     """Records in a stored chunk, from its array header alone (0 if it is damaged)."""
     unpacker = msgpack.Unpacker()
@@ -199,6 +211,9 @@ def corruption(raw: bytes, queue: str, partition: int, seq: int) -> CorruptRecor
 
 
 def _damage(raw: bytes) -> str:
+    if not raw:     # what ``Reader.records`` yields for a sequence it found no chunk for
+        return ("record is 0 bytes, shorter than a header: the log chunk that held it is "
+                "damaged or missing")
     if len(raw) < 5:
         return f"record is {len(raw)} bytes, shorter than a header"
     body = raw[4:]

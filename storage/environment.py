@@ -14,8 +14,9 @@ from typing import Any
 
 import lmdb
 
+from partq.storage.allocation import MAX_READERS, allocate_lock_file, creation_full, discard_unborn
 from partq.storage.encoding import FORMAT_STAMP, FORMAT_VERSION, READABLE_STAMPS
-from partq.storage.errors import CorruptStore, FormatVersionMismatch, NotAPartqStore
+from partq.storage.errors import CorruptStore, FormatVersionMismatch, NotAPartqStore, StorageFull
 from partq.storage.files import chmod_own
 from partq.storage.lmdb_errors import Step, translated
 from partq.storage.txn import DB_NAMES
@@ -51,7 +52,21 @@ class Opening:
         """The environment of the store, its databases, and whether the environment is LMDB's
         readonly one: it is when another process is stuck inside a commit (no write lock is
         taken, so that process holds up no open); writable otherwise, and to create the store
-        (or finish a creation cut short)."""
+        (or finish a creation cut short). A creation the disk has no room for leaves no
+        ``data.mdb`` behind (``allocation.discard_unborn``) and raises ``StorageFull`` saying
+        how much a new store needs."""
+        if os.path.exists(os.path.join(self.path, "data.mdb")):
+            return self._open_store(map_size)
+        try:
+            return self._open_store(map_size)
+        except StorageFull as exc:
+            discard_unborn(self.path)
+            raise creation_full(self.path) from exc
+        except BaseException:
+            discard_unborn(self.path)
+            raise
+
+    def _open_store(self, map_size: int) -> tuple[lmdb.Environment, dict[str, Any], bool]:
         holder = None
         if os.path.exists(os.path.join(self.path, "data.mdb")):
             holder = stuck_writer(self.path)
@@ -87,8 +102,9 @@ class Opening:
 
     def _open_once(self, map_size: int, readonly: bool) -> lmdb.Environment:
         fresh = not os.path.exists(os.path.join(self.path, "data.mdb"))
+        allocate_lock_file(self.path, self.file_mode)
         env = lmdb.open(self.path, map_size=map_size, max_dbs=len(DB_NAMES) + 2, subdir=True,
-                        sync=self.sync, metasync=True, max_readers=1024, lock=True,
+                        sync=self.sync, metasync=True, max_readers=MAX_READERS, lock=True,
                         create=not readonly, readonly=readonly, mode=self.file_mode)
         if fresh:     # LMDB applies the umask to ``mode``: set it exactly
             for name in ("data.mdb", "lock.mdb"):

@@ -56,6 +56,7 @@ def prepare_directory(path: str, create: bool, file_mode: int = DEFAULT_FILE_MOD
     check_ownership(path)
     entries = set(os.listdir(path))
     check_no_links(path, entries)
+    check_own_files(path, entries)
     if "data.mdb" not in entries and not create:
         raise NotAPartqStore(f"{path} holds no partq store; create it with `partq --data {path} init`")
     if "data.mdb" not in entries and entries - PARTQ_FILES:
@@ -110,3 +111,24 @@ def check_no_links(path: str, entries: set[str]) -> None:
                 f"{os.path.join(path, name)} is {what}: partq never opens its files through a "
                 f"link; remove it if the directory holds no store, or restore the store from a "
                 f"backup")
+
+
+def check_own_files(path: str, entries: set[str]) -> None:
+    """Refuse a store whose own files (``PARTQ_FILES``) another user owns, or whose
+    ``delivery-locks`` folder others may write to: that user could change the data under
+    partq, or put a lock and a socket there that partq's processes would talk to."""
+    for name in sorted(entries & PARTQ_FILES):
+        full = os.path.join(path, name)
+        st = os.lstat(full)
+        if st.st_uid != os.getuid():
+            raise UnsafeDirectory(
+                f"{full} is owned by {_owner(st.st_uid)}, not by this user "
+                f"({_owner(os.getuid())}): partq refuses a store whose files another user may "
+                f"change; give it back to this user (`chown {os.getuid()} {full}`) "
+                f"if it is yours, or restore the store from a backup")
+        mode = stat.S_IMODE(st.st_mode)
+        if name == "delivery-locks" and mode & 0o022:
+            raise UnsafeDirectory(
+                f"{full} may be written by other users (mode {mode:04o}): another user could "
+                f"put a lock and a socket there that partq would talk to; run `chmod 700 {full}` "
+                f"and remove any file in it that this user does not own")

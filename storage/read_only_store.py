@@ -84,6 +84,9 @@ class ReadOnlyStore(Store):
         ``txnid + 3`` on, and that one starts once ``txnid + 2`` is committed)."""
         return self.env.info()["last_txnid"] <= txnid + 1
 
+    def snapshot_kept(self, txnid: int) -> bool:
+        return self.unchanged_since(txnid)
+
     @contextmanager
     def read(self) -> Iterator[Any]:   # a SnapshotReader, used as a Reader
         """A checked read-only snapshot (see the module's docstring)."""

@@ -33,7 +33,7 @@ from partq.storage.process_id import this_pid
 from partq.storage.snapshot import ReadSnapshot
 from partq.storage.space import Space
 from partq.storage.txn import DB_NAMES, change_log_note
-from partq.storage.writelock import WRITE_LOCK_POLL, stopped_writer, write_lock
+from partq.storage.writelock import WRITE_LOCK_POLL, LockFile, stopped_writer, write_lock
 from partq.storage.writer import Writer
 
 T = TypeVar("T")
@@ -69,6 +69,7 @@ class Store(CommitHooks):
         # start. (py-lmdb exports the database handles a read transaction opened only in a
         # readonly environment: hence the two ways.)
         self._upgrade_lock = threading.Lock()
+        self._lock_file = LockFile(path)
         self.env, self.dbs, self._env_readonly = self._open_environment(self._opening, map_size)
         psize = self._psize = self.env.stat()["psize"]
         self.space = Space(path, psize, max_map_size)
@@ -150,8 +151,8 @@ class Store(CommitHooks):
         holds a read itself (an ack computed in a read) waits parked: its transaction ends with
         the readonly environment, which it must not use again."""
         with self._gate.parked(), self._upgrade_lock:
-            while self._env_readonly and (lock := write_lock(self.path)) is not None \
-                    and lock[2]:
+            while self._env_readonly and \
+                    (lock := write_lock(self.path, self._lock_file)) is not None and lock[2]:
                 time.sleep(WRITE_LOCK_POLL)
             self._reopen_writable()
 
@@ -210,6 +211,12 @@ class Store(CommitHooks):
                     txn.abort()
         finally:
             self._gate.leave()
+
+    def snapshot_kept(self, txnid: int) -> bool:
+        """Whether the pages of commit ``txnid`` are still as it left them, for a read
+        transaction of this store that began on that commit or before it and has not ended:
+        its slot in lock.mdb keeps them (``ReadOnlyStore``, which has none, checks)."""
+        return True
 
     @contextmanager
     def write_transaction(self) -> Iterator[lmdb.Transaction]:
@@ -347,7 +354,7 @@ class Store(CommitHooks):
                 "map_size": info["map_size"], "readers": info["num_readers"],
                 "max_readers": info["max_readers"],
                 "disk_full": self.space.disk_full(size, pages * psize),
-                "writer_stopped_pid": stopped_writer(self.path)}
+                "writer_stopped_pid": stopped_writer(self.path, self._lock_file)}
 
     def reserve(self, nbytes: int) -> None:
         """Grow the map ahead of one large write (it is address space, not disk), so the group
@@ -427,6 +434,7 @@ class Store(CommitHooks):
                 del _registry[self.path]
         with self._gate.exclusive():
             self.env.close()
+        self._lock_file.close()
 
     def __enter__(self) -> Store:
         return self

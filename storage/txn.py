@@ -31,6 +31,7 @@ import struct
 from partq.storage.encoding import (
     AckState,
     chunk_length,
+    chunk_span,
     decode_meta,
     log_key,
     pack_u64,
@@ -38,7 +39,7 @@ from partq.storage.encoding import (
     unpack_chunk,
     unpack_u64,
 )
-from partq.storage.errors import InvalidConfig
+from partq.storage.errors import CorruptStore, InvalidConfig
 
 DB_NAMES = ("meta", "queues", "heads", "acks", "log", "state", "changes", "staging")
 MAX_QID = 0xFFFFFFFF                  # queue ids are u32 in every key
@@ -178,8 +179,12 @@ class Reader:
     def records(self, qid: int, partition: int, start: int, limit: int,
                 cache: list | None = None) -> list[tuple[int, bytes]]:
         """Up to ``limit`` (seq, raw record) pairs with seq >= start, in order (records still
-        stored: acked ones of a chunk not yet wholly acked included). A damaged chunk yields
-        ``b""`` for each of its sequences, which ``decode_record`` reports as corrupt.
+        stored: acked ones of a chunk not yet wholly acked included). A sequence the partition
+        must hold and does not yields ``b""``, which ``decode_record`` reports as corrupt: the
+        records of a damaged chunk, and those of a chunk whose key was damaged (it sorts
+        elsewhere, or names a range its value does not hold). Every sequence from the ack
+        floor up to the head is stored, so those gaps are known exactly, whatever a damaged
+        key says.
 
         ``cache``: a caller's ``[key, first, records]`` list (``[None, 0, None]`` to start) that
         keeps the last chunk decoded, so that reading a chunk in several calls decodes it once.
@@ -188,41 +193,55 @@ class Reader:
         if limit <= 0:
             return out
         cur = self._txn.cursor(db=self._dbs["log"])
-        if not cur.set_range(log_key(qid, partition, start)):
-            return out
         prefix = partition_key(qid, partition)
-        while True:
+        expected = start        # every sequence below it is accounted for
+        found = cur.set_range(log_key(qid, partition, start))
+        while found:
             k = cur.key()
             if k[:8] != prefix:
                 break
             if cache is not None and cache[0] == k:
                 first, recs = cache[1], cache[2]
             else:
-                last = int.from_bytes(k[8:], "big")
                 try:
-                    first, recs = unpack_chunk(cur.value(), last)
-                except ValueError:
-                    first = (out[-1][0] + 1 if out
-                             else self._after_previous_chunk(qid, partition, start, k))
-                    recs = [b""] * (last - first + 1)
-                else:
-                    if cache is not None:
-                        cache[:] = (k, first, recs)
-            lo = start - first if start > first else 0
+                    first, recs = unpack_chunk(cur.value(), int.from_bytes(k[8:], "big"))
+                except ValueError:      # its sequences are the gap before the next sound chunk
+                    found = cur.next()
+                    continue
+                if cache is not None:
+                    cache[:] = (k, first, recs)
+            if first > expected and not self._missing(qid, partition, expected, first, limit,
+                                                      out):
+                return out
+            lo = expected - first if expected > first else 0
             hi = min(len(recs), lo + limit - len(out))
-            out += zip(range(first + lo, first + hi), recs[lo:hi], strict=True)
-            if len(out) >= limit or not cur.next():
-                break
+            if lo < hi:
+                out += zip(range(first + lo, first + hi), recs[lo:hi], strict=True)
+                expected = first + hi
+            if len(out) >= limit:
+                return out
+            found = cur.next()
+        self._missing(qid, partition, expected, None, limit, out)
         return out
 
-    def _after_previous_chunk(self, qid: int, partition: int, start: int, key: bytes) -> int:
-        """Where a damaged chunk at ``key`` begins, as far as anyone needs to know: after the
-        chunk before it, or, for the first chunk left, at the ack floor (what lies below it is
-        acked, and the chunks that held it are gone), and never before ``start``."""
-        cur = self._txn.cursor(db=self._dbs["log"])
-        if cur.set_key(key) and cur.prev() and cur.key()[:8] == partition_key(qid, partition):
-            return max(start, int.from_bytes(cur.key()[8:], "big") + 1)
-        return max(start, self.ack_state(qid, partition).floor)
+    def _missing(self, qid: int, partition: int, lo: int, hi: int | None, limit: int,
+                 out: list[tuple[int, bytes]]) -> bool:
+        """Add ``(seq, b"")`` to ``out`` for each sequence in [lo, hi) (``hi`` None: up to the
+        head) that the partition must hold (from its ack floor up to its head: a dropped
+        partition holds none) but whose chunk was not found; True while ``out`` has room. A
+        damaged ack state claims nothing here (``ack_state`` reports it to whoever reads it)."""
+        head = self.head(qid, partition)
+        hi = head if hi is None else min(hi, head)
+        if lo < hi:
+            raw = self._txn.get(partition_key(qid, partition), db=self._dbs["acks"])
+            try:
+                floor = None if raw is None else AckState.decode(raw, "").floor
+            except CorruptStore:
+                floor = None
+            if floor is not None:
+                lo = max(lo, floor)
+                out += ((seq, b"") for seq in range(lo, min(hi, lo + limit - len(out))))
+        return len(out) < limit
 
     def staged(self, prefix: bytes) -> list[bytes]:
         """Every value staged under ``prefix``, in staging order."""
@@ -272,6 +291,30 @@ class Reader:
                     break
                 out.append((int.from_bytes(k[8:], "big"), len(v)))
         return out
+
+    def chunk_spans(self, start: bytes, end: bytes, limit: int
+                    ) -> tuple[tuple[bytes, tuple[int, int] | None] | None,
+                               list[tuple[bytes, tuple[int, int] | None]]]:
+        """For checking the log's keys (``partq.storage.log_check``): the entry before key
+        ``start`` (None at the start of the log), and up to ``limit`` entries from ``start`` on
+        and before ``end``, each as (key, ``chunk_span`` of its value), in the order the
+        database holds them."""
+        cur = self._txn.cursor(db=self._dbs["log"])
+        before = None
+        if not start:
+            found = cur.first()
+        else:
+            if cur.prev() if cur.set_range(start) else cur.last():
+                before = (cur.key(), chunk_span(cur.value()))
+            found = cur.set_range(start)
+        out: list[tuple[bytes, tuple[int, int] | None]] = []
+        while found and len(out) < limit:
+            k = cur.key()
+            if k >= end:
+                break
+            out.append((k, chunk_span(cur.value())))
+            found = cur.next()
+        return before, out
 
     def first_seq(self, qid: int, partition: int) -> int | None:
         found = self.records(qid, partition, 0, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import threading
 import time
 
 WRITE_LOCK_POLL = 0.02               # seconds between looks at a write lock held elsewhere
@@ -20,9 +21,52 @@ _TXNID_OFFSET = 48                   # LMDB's last committed txnid in lock.mdb
 _FUTEX_TID_MASK = 0x3FFFFFFF
 
 
-def write_lock(path: str) -> tuple[int, int, bool] | None:
+class LockFile:
+    """``lock.mdb`` of a store this process has open, read through one descriptor kept until
+    ``close`` (after the environment's). LMDB holds an fcntl lock on lock.mdb for as long as
+    its environment is open: a process opening the store that finds no such lock takes itself
+    for the only user and resets the reader table and the writer mutex. POSIX drops every
+    fcntl lock a process holds on a file when it closes *any* descriptor of that file, so
+    reading lock.mdb through a file opened and closed again would let the next process to
+    open the store reset both under this one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.join(path, "lock.mdb")
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def head(self, size: int) -> bytes | None:
+        """The first ``size`` bytes of lock.mdb, or None when it cannot be read."""
+        with self._lock:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                return os.pread(self._fd, size, 0)
+            except OSError:
+                return None
+
+    def close(self) -> None:
+        """Once the store's environment is closed (closing this drops its fcntl locks)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _head(path: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of ``path``/lock.mdb, through a file opened for this read:
+    only for a store this process does not have open (``LockFile`` otherwise)."""
+    try:
+        with open(os.path.join(path, "lock.mdb"), "rb") as f:
+            return f.read(size)
+    except OSError:
+        return None
+
+
+def write_lock(path: str, lock_file: LockFile | None = None) -> tuple[int, int, bool] | None:
     """(holder pid, LMDB's last committed txnid, whether the holder is stopped) while a live
-    process holds the store's write lock; else None.
+    process holds the store's write lock; else None. ``lock_file``: the store's, when this
+    process has it open (see ``LockFile``).
 
     LMDB keeps its writer mutex in ``lock.mdb``: a process-shared robust pthread mutex at
     offset 64 (the second 64-byte cache line, after the reader mutex, the last txnid at offset
@@ -30,10 +74,9 @@ def write_lock(path: str) -> tuple[int, int, bool] | None:
     layout is read only on Linux with glibc, after checking the file's magic number."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return None
-    try:
-        with open(os.path.join(path, "lock.mdb"), "rb") as f:
-            head = f.read(_WMUTEX_OFFSET + 4)
-    except OSError:
+    head = (lock_file.head(_WMUTEX_OFFSET + 4) if lock_file is not None
+            else _head(path, _WMUTEX_OFFSET + 4))
+    if head is None:
         return None
     if len(head) < _WMUTEX_OFFSET + 4 or int.from_bytes(head[:4], sys.byteorder) != _LOCK_MAGIC:
         return None
@@ -50,9 +93,9 @@ def write_lock(path: str) -> tuple[int, int, bool] | None:
     return pid, txnid, state in ("T", "t")
 
 
-def stopped_writer(path: str) -> int | None:
+def stopped_writer(path: str, lock_file: LockFile | None = None) -> int | None:
     """The pid of a process stopped while it holds the store's write lock, now (no waiting)."""
-    lock = write_lock(path)
+    lock = write_lock(path, lock_file)
     return lock[0] if lock is not None and lock[2] else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import click
 
 from partq import Broker, PartqError
+from partq.clock import MAX_SECONDS
 from partq.errors import InvalidConfig, InvalidMessage, describe_os_error
 from partq.ops.formatting import one_line
 from partq.ops.read_only import READ_ONLY_ENV, open_read_only, open_store_read_only, read_only_reason
@@ -46,6 +48,29 @@ def bad_option_value(condition: bool, message: str) -> None:
     """``require`` for an option's value on its own ("--x must ..."): exit status 2."""
     if not condition:
         raise BadOptionValue(message)
+
+
+class Seconds(click.ParamType):
+    """A number of seconds (every float option takes one): from ``low`` to ``high``, else a
+    usage error naming the option. Click's FloatRange lets NaN through every bound, and a NaN
+    timeout never runs out (``consume --timeout nan`` waited for ever); infinity, and a wait
+    past ten years, would overflow the waits."""
+
+    name = "seconds"
+
+    def __init__(self, low: float = 0.0, high: float = MAX_SECONDS) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if self.low <= seconds <= self.high:       # (False for NaN)
+            return seconds
+        option = param.opts[0] if param is not None and param.opts else "the value"
+        raise BadOptionValue(f"{option} must be a number of seconds from {self.low:g} to "
+                             f"{self.high:g}, not {value}")
 
 
 def translate(exc: BaseException) -> UserError | None:

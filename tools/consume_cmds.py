@@ -14,7 +14,7 @@ import click
 
 from partq.errors import PartqError
 from partq.ops.formatting import partition_label
-from partq.tools.common import App, pass_app, require, stop_on_signals
+from partq.tools.common import App, Seconds, pass_app, require, stop_on_signals
 from partq.tools.output import (
     PAYLOAD_MODES,
     Output,
@@ -34,7 +34,7 @@ POLL = 0.5          # seconds of one receive, between checks for a signal
                                    "the queue's rebalance delay gets its partitions back.")
 @click.option("--max", "max_messages", type=click.IntRange(min=0), default=0, show_default=True,
               help="Stop after this many messages (0: no limit).")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=Seconds(), default=None,
               help="Stop once no message came for this many seconds [default: wait until "
                    "Ctrl-C or SIGTERM].")
 @click.option("--ack/--no-ack", default=False, show_default=True,

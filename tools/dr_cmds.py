@@ -1,8 +1,11 @@
-"""`partq standby` (run a DR-standby) and `partq dr status|promote|slots|drop-slot` (rule
-`replication`; docs/security.md for the token and TLS options).
+"""`partq standby` (run a DR-standby) and `partq dr status|promote|slots|drop-slot|
+clear-superseded` (rule `replication`; docs/security.md for the token and TLS options).
 
 A standby process holds ``DIR/standby.lock`` (flock, "pid P on HOST since T"), so `dr status`
 can say who follows and `dr promote` can stop that process before promoting the directory.
+`dr promote` takes the standby's connection options too: with them it tells the old primary
+that it is superseded before it returns (the process ends right after, and with it the thread
+that would go on trying).
 """
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import click
 from partq.broker import Broker
 from partq.delivery.lock import OwnerLock, holder
 from partq.errors import LockHeld
-from partq.replication import drop_slot, list_slots
-from partq.tools.common import App, UserError
+from partq.replication import clear_superseded, drop_slot, followed, list_slots, wait_told
+from partq.tools.common import App, UserError, confirm
 from partq.tools.output import Output, output_options
 
 LOCK_FILE = "standby.lock"
@@ -36,7 +39,10 @@ def _show(out: Output, doc: dict, follower: str | None) -> None:
              f"lag {doc['lag_messages']} messages, {doc['lag_seconds']:.3f} s")
     if doc.get("superseded"):
         out.echo("SUPERSEDED: a standby of this primary was promoted; it refuses writes (move the "
-                 "directory aside and follow the new primary)")
+                 "directory aside and follow the new primary; `partq dr clear-superseded` if the "
+                 "promotion was a mistake)")
+    if doc.get("fence_pending"):
+        out.echo(_not_told(doc["fence_pending"], doc.get("fence_error")))
     if doc.get("primary"):
         out.echo(f"follows {doc['primary']}" + (f" ({follower})" if follower else ""))
     elif follower:
@@ -66,19 +72,39 @@ def client_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLCont
     return context
 
 
+def _connection(token_file: str | None, use_tls: bool, tls_ca: str | None,
+                tls_cert: str | None, tls_key: str | None) -> dict:
+    """``Broker.open``'s options for reaching a primary, from the connection options."""
+    context = client_tls(tls_ca, tls_cert, tls_key)
+    if use_tls and context is None:
+        context = ssl.create_default_context()
+    return {"replication_token_file": token_file, "replication_ssl": context}
+
+
+def connection_options(func):
+    """The options a standby reaches its primary with (`partq standby`, `partq dr promote`)."""
+    options = [
+        click.option("--token-file", type=click.Path(dir_okay=False),
+                     help="A file whose first line is the primary's replication token (without "
+                          "one, only a primary in protected mode, on this host, answers)."),
+        click.option("--tls", "use_tls", is_flag=True,
+                     help="Connect with TLS, trusting the system's CAs (or --tls-ca)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False),
+                     help="PEM file of the CA that signed the primary's certificate (implies "
+                          "--tls)."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False),
+                     help="PEM client certificate, for a primary that requires one."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM key of --tls-cert."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @click.command()
 @click.option("--primary", required=True, metavar="HOST:PORT",
               help="The primary's replication address (Broker.open(..., replication_listen=...)).")
-@click.option("--token-file", type=click.Path(dir_okay=False),
-              help="A file whose first line is the primary's replication token (without one, "
-                   "only a primary in protected mode, on this host, serves it).")
-@click.option("--tls", "use_tls", is_flag=True,
-              help="Connect with TLS, trusting the system's CAs (or --tls-ca).")
-@click.option("--tls-ca", type=click.Path(dir_okay=False),
-              help="PEM file of the CA that signed the primary's certificate (implies --tls).")
-@click.option("--tls-cert", type=click.Path(dir_okay=False),
-              help="PEM client certificate, for a primary that requires one.")
-@click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM key of --tls-cert.")
+@connection_options
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between status lines.")
 @output_options
@@ -92,17 +118,14 @@ def standby(app: App, primary: str, token_file: str | None, use_tls: bool, tls_c
     the primary's proof back; with --tls/--tls-ca it checks the primary's certificate. Prints
     its status every --interval seconds.
     """
-    context = client_tls(tls_ca, tls_cert, tls_key)
-    if use_tls and context is None:
-        context = ssl.create_default_context()
+    connection = _connection(token_file, use_tls, tls_ca, tls_cert, tls_key)
     os.makedirs(app.path, mode=0o700, exist_ok=True)
     lock = _take_lock(app.path)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())   # handlers only set flags
     try:
-        broker = Broker.open(app.path, standby_of=primary, replication_token_file=token_file,
-                             replication_ssl=context)
+        broker = Broker.open(app.path, standby_of=primary, **connection)
     except BaseException:
         lock.release()
         raise
@@ -149,19 +172,65 @@ def dr_status(app: App, out: Output) -> None:
 @dr.command("promote")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait for a running standby process to stop.")
+@connection_options
+@click.option("--fence-timeout", default=10.0, show_default=True,
+              type=click.FloatRange(min=0, max=3600),
+              help="Seconds to wait for the old primary to answer that it refuses writes now.")
 @output_options
 @click.pass_obj
-def dr_promote(app: App, timeout: float, out: Output) -> None:
-    """Make the DR-standby in --data DIR a primary.
+def dr_promote(app: App, timeout: float, token_file: str | None, use_tls: bool,
+               tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+               fence_timeout: float, out: Output) -> None:
+    """Make the DR-standby in --data DIR a primary, and tell the old primary.
 
-    A running `partq standby` process on DIR is stopped first (SIGTERM). Afterwards services
-    open DIR as usual (with replication_listen to serve a new standby); consumers that rebind
-    with their names or hints within the rebalance delay keep their partitions. While DIR runs
-    as a primary, it tells the old primary (at the address it followed, with the token and TLS
-    options DIR is opened with) that it is superseded; from then on the old primary refuses
-    writes, so the two never both take them.
+    A running `partq standby` process on DIR is stopped first (SIGTERM). Then DIR is promoted
+    and the old primary (the address DIR followed) is told, with --token-file and the TLS
+    options (those the standby used), that it is superseded: from then on it refuses writes,
+    so the two never both take them. The command waits up to --fence-timeout seconds for its
+    answer. When it does not answer (it is down, or cut off) the promotion stands, a warning
+    says so, and `partq dr status` on DIR shows the old primary as not told: it is told by the
+    next process that runs DIR as a primary with the options to reach it, or by this command
+    run again on DIR. Afterwards services open DIR as usual (with replication_listen to serve
+    a new standby); consumers that rebind with their names or hints within the rebalance delay
+    keep their partitions.
     """
-    lock_path = os.path.join(app.path, LOCK_FILE)
+    connection = _connection(token_file, use_tls, tls_ca, tls_cert, tls_key)
+    follower = _stop_follower(app.path, timeout)
+    with app.broker(**connection) as broker:
+        was_standby = broker.replication_status().role == "standby"
+        old = followed(broker.store)
+        if was_standby:
+            broker.promote(**connection)
+        elif broker.replication_status().fence_pending is None:
+            raise UserError(f"{app.path} is not a DR-standby, and has no old primary left to "
+                            f"tell; nothing to promote")
+        pending, error = wait_told(broker.store, fence_timeout)
+        doc = _status_doc(broker)
+    told = None if old is None else pending is None
+    if out.json:
+        out.doc({"promoted": was_standby, "stopped_standby_process": follower,
+                 "old_primary": old, "old_primary_told": told, "old_primary_error": error,
+                 **doc})
+    else:
+        stopped = f" (stopped the standby process {follower})" if follower else ""
+        if was_standby:
+            out.echo(f"promoted {app.path} to primary at LSN {doc['head_lsn']}{stopped}")
+        if told:
+            out.echo(f"told the old primary {old} that it is superseded: it refuses writes now")
+    if pending is not None:
+        out.warn(f"{_not_told(pending, error)} (waited {fence_timeout:g} s)")
+
+
+def _not_told(old: str, error: str | None) -> str:
+    why = f" (last attempt: {error})" if error else ""
+    return (f"the old primary {old} has not been told that it is superseded yet{why}: if it "
+            f"runs, it takes writes. Run `partq dr promote` on this directory again with the "
+            f"options that reach it (--token-file, --tls...) once it answers, or stop it by hand")
+
+
+def _stop_follower(path: str, timeout: float) -> str | None:
+    """Stop the `partq standby` process following ``path`` (SIGTERM); return who it was."""
+    lock_path = os.path.join(path, LOCK_FILE)
     follower = holder(lock_path)
     if follower is not None:
         pid = int(follower.split()[1])
@@ -172,14 +241,38 @@ def dr_promote(app: App, timeout: float, out: Output) -> None:
                 raise UserError(f"the standby process {follower} did not stop within {timeout:g} s; "
                                 f"stop it, then run `partq dr promote` again")
             time.sleep(0.05)
+    return follower
+
+
+@dr.command("clear-superseded")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_options
+@click.pass_obj
+def dr_clear_superseded(app: App, yes: bool, out: Output) -> None:
+    """Remove the SUPERSEDED mark of the old primary in --data DIR: it takes writes again.
+
+    A promoted standby marks the primary it followed so that only one primary takes writes.
+    Clear the mark only when that promotion is undone (the promoted store is stopped for good
+    and its clients point here again): with both taking writes their messages diverge. The
+    slot of the standby that superseded it is dropped too: that store, a primary of its own
+    history now, never follows this one again.
+    """
     with app.broker() as broker:
-        broker.promote()
-        doc = _status_doc(broker)
+        if not broker.replication_status().superseded:
+            raise UserError(f"{app.path} is not marked superseded; nothing to clear")
+        confirm(yes, f"Let {app.path} take writes again, beside the primary that superseded it?",
+                "pass --yes to clear the SUPERSEDED mark")
+        info = clear_superseded(broker.store)
+    if info is None:
+        raise UserError(f"{app.path} is not marked superseded; nothing to clear")
     if out.json:
-        out.doc({"promoted": True, "stopped_standby_process": follower, **doc})
-    else:
-        stopped = f" (stopped the standby process {follower})" if follower else ""
-        out.echo(f"promoted {app.path} to primary at LSN {doc['head_lsn']}{stopped}")
+        out.doc({"cleared": True, **info})
+        return
+    by = f" (by {info['superseded_by']})" if info["superseded_by"] else ""
+    out.echo(f"cleared the SUPERSEDED mark of {app.path}{by}: it takes writes again")
+    if info["dropped_slot"]:
+        out.echo(f"dropped the replication slot of standby {info['dropped_slot']}, which "
+                 f"superseded it")
 
 
 def _seconds(value: float | None) -> str:

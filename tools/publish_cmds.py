@@ -6,15 +6,15 @@ import sys
 
 import click
 
+from partq.config import MAX_TTL
 from partq.ops.message_input import (
     INPUT_FORMATS,
-    check_ttl,
     json_items,
     parse_header,
     publish_batches,
     text_items,
 )
-from partq.tools.common import App, UserError, pass_app, stop_on_signals
+from partq.tools.common import App, Seconds, UserError, pass_app, stop_on_signals
 from partq.tools.output import Output, output_options
 
 
@@ -32,7 +32,7 @@ from partq.tools.output import Output, output_options
                    "key and headers (they override --key and --header).")
 @click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Messages per commit: a batch is stored whole or not at all.")
-@click.option("--ttl", type=float, metavar="SECONDS",
+@click.option("--ttl", type=Seconds(0, MAX_TTL), metavar="SECONDS",
               help="Time to live of every message: one not delivered within it expires, is "
                    "never delivered, and goes to the queue's dead message queue (the queue's "
                    "--max-ttl bounds it) [default: none].")
@@ -55,7 +55,6 @@ def publish(app: App, queue: str, payloads: tuple[str, ...], key: str | None,
       partq publish orders --format jsonl < messages.jsonl
       partq publish orders --ttl 60 "valid for a minute"
     """
-    check_ttl(ttl)
     given = dict(parse_header(h) for h in headers) or None
     items_of = json_items if fmt == "jsonl" else text_items
     if payloads:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from partq.core.rebalance_plan import MAX_PLAN_FLOWS
 from partq.ops.formatting import partition_label
 from partq.tools.common import App, pass_app, read_only_option
 from partq.tools.output import Output, output_options
@@ -18,8 +19,9 @@ WHEN = {"now": "now", "after holddown": "after the holddown",
 @click.argument("queue")
 @click.option("--dry-run", is_flag=True, required=True,
               help="Show the plan and change nothing (the only mode: partq rebalances by itself).")
-@click.option("--consumers", type=click.IntRange(min=0), metavar="N",
-              help="As if N consumers were bound (adds new ones or removes the latest bound).")
+@click.option("--consumers", type=click.IntRange(min=0, max=MAX_PLAN_FLOWS), metavar="N",
+              help=f"As if N consumers were bound (adds new ones or removes the latest bound; "
+                   f"at most {MAX_PLAN_FLOWS}).")
 @click.option("--add", multiple=True, metavar="NAME", help="As if a consumer NAME bound (repeatable).")
 @click.option("--remove", multiple=True, metavar="NAME",
               help="As if the consumer NAME (or flow id) went away (repeatable).")

@@ -18,7 +18,15 @@ import click
 from partq import scaling
 from partq.storage.encoding import unpack_u64
 from partq.storage.txn import QUEUE_REMOVED
-from partq.tools.common import App, bad_option_value, confirm, pass_app, require, stop_on_signals
+from partq.tools.common import (
+    App,
+    Seconds,
+    bad_option_value,
+    confirm,
+    pass_app,
+    require,
+    stop_on_signals,
+)
 from partq.tools.output import Output, output_options
 
 
@@ -119,11 +127,11 @@ class JsonReporter(scaling.Reporter):
 @click.option("--partitions", "-p", type=int, help="The new partition count.")
 @click.option("--abort", is_flag=True,
               help="Undo a procedure that was killed: ingress back as it was, record removed.")
-@click.option("--drain-timeout", type=float, default=300.0, show_default=True,
+@click.option("--drain-timeout", type=Seconds(), default=300.0, show_default=True,
               help="Seconds step 2 waits for consumers to drain every partition.")
-@click.option("--rebalance-timeout", type=float, default=60.0, show_default=True,
+@click.option("--rebalance-timeout", type=Seconds(), default=60.0, show_default=True,
               help="Seconds step 5 waits for the rebalance to finish.")
-@click.option("--standby-timeout", type=float, default=300.0, show_default=True,
+@click.option("--standby-timeout", type=Seconds(), default=300.0, show_default=True,
               help="Seconds steps 3 and 6 wait for a DR-standby.")
 @click.option("--no-drain", is_flag=True,
               help="Offline: skip step 2, deleting messages left in removed partitions.")

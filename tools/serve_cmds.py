@@ -12,7 +12,7 @@ import time
 import click
 
 from partq.remote.server import Server
-from partq.tools.common import App, UserError, pass_app
+from partq.tools.common import App, Seconds, UserError, pass_app
 from partq.tools.output import Output, output_options
 from partq.wire.handshake import read_token
 from partq.wire.listener import Limits
@@ -61,7 +61,7 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="PEM private key for TLS.")
 @click.option("--max-connections", type=click.IntRange(1, 100_000), default=256,
               show_default=True, help="Connections served at once; more are refused.")
-@click.option("--idle-timeout", type=click.FloatRange(0.1), default=60.0, show_default=True,
+@click.option("--idle-timeout", type=Seconds(0.1), default=60.0, show_default=True,
               help="Seconds a connection may send nothing (a client with flows beats more "
                    "often: its queues' consumer timeout applies).")
 @click.option("--max-frame", type=click.IntRange(1024), default=16 << 20, show_default=True,

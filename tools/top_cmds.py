@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from partq.metrics.sampling import Snapshot, as_doc, rates, snapshot_broker, snapshot_client
-from partq.tools.common import App, pass_app, read_only_option
+from partq.tools.common import App, Seconds, pass_app, read_only_option
 from partq.tools.output import Output, output_options
 
 
@@ -80,7 +80,7 @@ def _source(app: App, address: str | None, token_file: str | None, tls_ca: str |
 
 @click.command()
 @click.argument("queues", nargs=-1)
-@click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
+@click.option("--interval", type=Seconds(0.1), default=1.0, show_default=True,
               help="Seconds between refreshes; rates are per second between two of them.")
 @click.option("--count", type=click.IntRange(1), default=None,
               help="Stop after this many refreshes (default: until q, Ctrl-C or SIGTERM).")

@@ -19,7 +19,10 @@ happened to each partition on the way:
 * ``unassign``: no flow left for it.
 
 ``--consumers N`` on a set of B bound flows adds N - B flows, or removes B - N: standbys first,
-then the most recently bound flows (the ones the rebalancer would give least).
+then the most recently bound flows (the ones the rebalancer would give least). A plan is for at
+most ``MAX_PLAN_FLOWS`` flows: the rebalancer is worked out for each one bound, so a count of a
+hundred million would take hours and gigabytes; past the partition count every flow more is a
+standby anyway.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from partq.core.actions import Assign, FlowInfo, Handoff, Pause
 from partq.core.rebalancer import Rebalancer
 from partq.errors import InvalidConfig
+
+MAX_PLAN_FLOWS = 10_000     # flows bound in a plan, after its change (a few seconds' work)
 
 
 @dataclass(frozen=True)
@@ -143,15 +148,25 @@ def _changes(sim: Rebalancer, consumers: int | None, add: list[str],
              remove: list[str]) -> list[Change]:
     if consumers is not None and (add or remove):
         raise InvalidConfig("give either a consumer count or flows to add and remove, not both")
+    if consumers is not None and (isinstance(consumers, bool) or not isinstance(consumers, int)
+                                  or not 0 <= consumers <= MAX_PLAN_FLOWS):
+        raise InvalidConfig(f"the consumer count must be an integer from 0 to {MAX_PLAN_FLOWS}, "
+                            f"not {consumers!r:.40}; past the partition count every consumer "
+                            f"more is a standby, so plan for fewer")
     if consumers is None:
+        bound_now = len(sim.bound_flows())
+        if bound_now + len(add) > MAX_PLAN_FLOWS:
+            raise InvalidConfig(f"a plan is for at most {MAX_PLAN_FLOWS} consumers and "
+                                f"{bound_now} are bound: add at most "
+                                f"{max(MAX_PLAN_FLOWS - bound_now, 0)}, not {len(add)}")
         for name in remove:
             _find(sim, name)      # unknown names fail before anything is worked out
+        taken = {f.name for f in sim.bound_flows()}
         for name in add:
-            if any(f.name == name for f in sim.bound_flows()) or add.count(name) > 1:
+            if name in taken:
                 raise InvalidConfig(f"a flow named {name!r} is bound already; names are unique")
+            taken.add(name)
         return [Change("remove", n) for n in remove] + [Change("add", n) for n in add]
-    if consumers < 0:
-        raise InvalidConfig(f"the consumer count must be >= 0, not {consumers}")
     bound = sim.bound_flows()
     if consumers >= len(bound):
         return [Change("add", f"consumer-{i + 1}") for i in range(consumers - len(bound))]

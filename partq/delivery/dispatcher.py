@@ -33,6 +33,7 @@ from partq.delivery.flow_service import FlowService
 from partq.delivery.flow_state import FlowState
 from partq.delivery.local_endpoint import LocalEndpoint
 from partq.delivery.lock import DeliveryLock, lease_for
+from partq.delivery.peers import control_requests
 from partq.delivery.peers.link import REQUEST_TIMEOUT
 from partq.delivery.peers.owner_channel import ControlServer, query_view
 from partq.delivery.peers.peer_delivery import FAILOVER_BACKOFF, PeerQueue
@@ -91,8 +92,13 @@ class Dispatcher(Timers, FlowService):
     def bind(self, queue: str, name: str | None, hint: list[int] | None,
              skip_corrupt: bool) -> FlowEndpoint:
         """Bind a flow: in this process when it owns (or can take) the queue's delivery, else
-        through the owner's control channel (``peers.peer_delivery``). Returns the flow's endpoint."""
-        deadline = time.monotonic() + REQUEST_TIMEOUT
+        through the owner's control channel (``peers.peer_delivery``). Returns the flow's
+        endpoint. An owner that died, or is stopped and let its lease run out while this bind
+        waited for it (``OwnerLost``), is taken over here, or followed to the process that took
+        over: bind tries again, for up to ``REQUEST_TIMEOUT`` after the first such loss."""
+        if hint is not None:
+            control_requests.check_hint(hint)   # as the owner checks another process's
+        deadline = None
         delay = FAILOVER_BACKOFF[0]
         while True:
             with self._lock:
@@ -105,8 +111,10 @@ class Dispatcher(Timers, FlowService):
                         peer_queue = self._peer_queue(queue)
                 return peer_queue.bind(name, hint, skip_corrupt)
             except OwnerLost:
-                # the owner died under the bind: this process's failover takes delivery over
-                # or follows the new owner; bind again once it has
+                # the owner died or stopped under the bind: take delivery over (``bind_local``)
+                # or follow the new owner; bind again once this process's failover has
+                if deadline is None:
+                    deadline = time.monotonic() + REQUEST_TIMEOUT
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
@@ -227,7 +235,15 @@ class Dispatcher(Timers, FlowService):
         """Bind a flow of another process (its control connection is ``sink``)."""
         state = FlowState(uuid.uuid4().hex[:12], name, queue, skip_corrupt, remote=sink,
                           client=client)
-        self._add_flow(queue, state, hint)
+        try:
+            self._add_flow(queue, state, hint)
+        except BaseException:
+            # a bind that failed half-way must leave no flow behind that nobody would unbind
+            try:
+                self.unbind_peer(queue, state.flow_id)
+            except Exception:
+                log.exception("removing flow %s after its bind failed", state.flow_id)
+            raise
         log.info("flow %s of %s bound to queue %r", name or state.flow_id, client, queue)
         return state.flow_id
 

@@ -4,8 +4,8 @@ who follows a primary (``partq standby``).
 
 A lock file is held with ``flock`` (released by the kernel when the holder dies, so a SIGKILLed
 holder never blocks its successor) and carries "pid P on HOST since T". It is opened with
-``O_NOFOLLOW`` (a planted symbolic link is refused, never followed and truncated) and created
-readable by its owner only.
+``O_NOFOLLOW`` (a planted symbolic link is refused, never followed and truncated), created
+readable by its owner only, and refused when another user owns it (``UnsafeDirectory``).
 
 A delivery lock is also a lease: its holder touches the file (``touch``) several times a second,
 so its modification time is the holder's heartbeat. A holder that is stopped (SIGSTOP, a
@@ -25,7 +25,7 @@ import os
 import socket
 import time
 
-from partq.errors import DeliveryLocked, LockHeld, PartqError
+from partq.errors import DeliveryLocked, LockHeld, PartqError, UnsafeDirectory
 
 log = logging.getLogger("partq.delivery")
 
@@ -46,6 +46,15 @@ class OwnerLock:
                                  f"its lock files: remove it") from None
             raise
         try:
+            owner = os.fstat(fd).st_uid
+            if owner != os.geteuid():
+                os.close(fd)
+                raise UnsafeDirectory(
+                    f"the lock file {path} belongs to uid {owner}, not to this user (uid "
+                    f"{os.geteuid()}): another user made it while its folder was writable by "
+                    f"others, and could hold it for ever; stop that user's process, remove "
+                    f"{path}, and keep {os.path.dirname(path)} writable by its owner only "
+                    f"(chmod 700)")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if inode_of(path) != os.fstat(fd).st_ino:
                 # a successor removed this file (its holder's lease ran out: ``take_expired``)

@@ -98,7 +98,7 @@ class Moves:
                  **{fid: n for fid, (n, _) in flows.items()}}
 
         def who(fid: str | None) -> str:
-            return "nobody" if fid is None else (names.get(fid) or fid)
+            return "nobody" if fid is None else str(names.get(fid) or fid)
 
         def part(p: int) -> str:
             sp = index[p] if p < len(index) else p

@@ -2,14 +2,19 @@
 
 ``commit_job`` runs in two steps. *Begin*, one short transaction: every accepted attempt's
 staged row count is checked against what its task reported (a difference publishes nothing:
-``StagedRowsMismatch``), ingress is checked (disabled with reject: ``IngressDisabled``,
-nothing published; disabled without it: the whole job is discarded and counted, rule `ingress-egress`), and
-the job is marked *committing* with its queue, accepted attempts and progress. From then on no
-attempt may stage for it. *Slices*: each transaction moves the next chunks of at most
-``slice_rows`` rows (``SLICE_BYTES``) into the queue, drops them from staging and records how
-far it got, all in that transaction; the last one also drops every other staged row of the job
-(failed and speculative attempts) and marks the job committed. Another publisher waits for one
-slice at most, never for the whole job.
+``StagedRowsMismatch``), the whole job passes the gate every publish passes
+(``Publisher.admit``: rules `ingress-egress` and `quota`, all its rows and their bytes at
+once): refused (``IngressDisabled``, ``QueueFull``), nothing is published and the job stays
+open, to be committed again or aborted; discarded (ingress off, or over a quota, where the
+queue discards), the whole job is dropped and counted. Then the job is marked *committing* with
+its queue, accepted attempts and progress. From then on no attempt may stage for it. *Slices*:
+each transaction moves the next chunks of at most ``slice_rows`` rows (``SLICE_BYTES``) into
+the queue, drops them from staging and records how far it got, all in that transaction; the
+last one also drops every other staged row of the job (failed and speculative attempts) and
+marks the job committed. Another publisher waits for one slice at most, never for the whole
+job. Each slice passes the gate again (another publisher may have filled the queue since the
+begin, or ingress was disabled): a slice refused leaves the job committing (below); one
+discarded is counted in the job's ``discarded``.
 
 Chunks staged by partition (see ``partq.jobs.staged``) are appended as they are when the queue still
 has the partition count they were staged for; otherwise (a scale meanwhile, an exclusive queue,
@@ -17,11 +22,11 @@ unkeyed rows) their rows are placed one by one by the count and partitioner the 
 transaction sees (rules `key-hash` and `unkeyed-partitioner`).
 
 Exactly once across failures: each slice's progress commits with its rows, so a commit that
-stops part way (its process died, ingress was disabled with reject under it, the store filled
-up) leaves the job *committing* with the rest staged, and ``commit_job`` of the same job or
-``resume_commits`` goes on from there. ``abort_job`` keeps a committing job's rows (part of the
-job is published already: dropping the rest would lose it). Consumers see a job's rows appear
-slice by slice while it commits.
+stops part way (its process died, ingress was disabled with reject under it, the queue reached
+its quota, the store filled up) leaves the job *committing* with the rest staged, and
+``commit_job`` of the same job or ``resume_commits`` goes on from there. ``abort_job`` keeps a
+committing job's rows (part of the job is published already: dropping the rest would lose it).
+Consumers see a job's rows appear slice by slice while it commits.
 """
 from __future__ import annotations
 
@@ -30,19 +35,28 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from partq.errors import IngressDisabled, InvalidConfig, JobAborted, QueueNotFound, StagedRowsMismatch
+from partq.errors import (
+    IngressDisabled,
+    InvalidConfig,
+    JobAborted,
+    QueueFull,
+    QueueNotFound,
+    StagedRowsMismatch,
+)
 from partq.jobs.staged import (
     JOB_PREFIX_WIDTH,
     TAG,
     attempt_prefix,
     chunk_at,
     chunk_key,
+    chunk_record_bytes,
     chunk_rows,
     decode_chunk,
     job_prefix,
     read_marker,
     write_marker,
 )
+from partq.publish import quota
 
 log = logging.getLogger("partq.staging")
 
@@ -117,30 +131,51 @@ def commit_job(broker, queue: str, job_id: str, attempts: Iterable,
                     f"{n} are staged; nothing was published: abort the job and run it again")
             total += n
         config = publisher.config_in(w, queue)
-        if not config.ingress_enabled and total:
-            # ingress is off: the queue rejects (IngressDisabled, raised here: nothing written,
-            # the job stays open for abort) or discards and counts the whole job (rule `ingress-egress`);
-            # place_count appends nothing while ingress is off
-            _, discarded = publisher.place_count(w, queue, [(None, b"")] * total)
-            w.drop_staged(job_prefix(job_id))
-            write_marker(w, job_id, {"state": "committed", "rows": 0, "discarded": discarded,
-                                     "time_ns": time.time_ns()})
-            return JobCommit(job_id, 0, discarded)
+        # the bytes are read (every chunk decoded) only for a queue with max_bytes
+        nbytes = sum(chunk_record_bytes(raw) for _, _, _, prefix in ordered
+                     for raw in w.staged(prefix)) if config.max_bytes and total else 0
+        try:
+            # the whole job through the gate of every publish: IngressDisabled raised here
+            # writes nothing and leaves the job open; a QueueFull is counted, then raised
+            if total and not publisher.admit(w, config, total, nbytes):
+                w.drop_staged(job_prefix(job_id))     # discarded whole, and counted
+                write_marker(w, job_id, {"state": "committed", "rows": 0, "discarded": total,
+                                         "time_ns": time.time_ns()})
+                return JobCommit(job_id, 0, total)
+        except QueueFull as full:
+            quota.count_refused(w, config.qid, total)
+            return _job_refused(full, f"job {job_id} was not published: its {total} rows stay "
+                                      f"staged; commit it again once there is room, or abort it")
         write_marker(w, job_id, {"state": "committing", "queue": queue, "qid": config.qid,
                                  "attempts": [[tp, aid] for tp, aid, _, _ in ordered],
                                  "at": [0, 0], "rows": 0, "discarded": 0, "total": total,
                                  "time_ns": time.time_ns()})
         return None
 
-    done = broker.store.write(begin)
+    done = quota.refusal_raised(broker.store.write(begin))
     return done if done is not None else _finish(broker, job_id, slice_rows)
+
+
+def _job_refused(full: QueueFull, what: str) -> QueueFull:
+    """``full`` with what became of the job added to its message (its fields unchanged)."""
+    full.args = (f"{full}. {what}",)
+    return full
 
 
 def _finish(broker, job_id: str, slice_rows: int) -> JobCommit:
     """Run the slices of a committing job until it is committed."""
     while True:
         try:
-            marker = broker.store.write(lambda w: _slice(w, broker.publisher, job_id, slice_rows))
+            marker = quota.refusal_raised(broker.store.write(
+                lambda w: _slice(w, broker.publisher, job_id, slice_rows)))
+        except QueueFull as full:
+            state = read_state(broker, job_id)
+            raise _job_refused(
+                full, f"Job {job_id} had published {state.get('rows', 0)} of "
+                      f"{state.get('total', '?')} rows; the rest stay staged: once consumers have "
+                      f"made room, finish it with partq.jobs.staging.resume_commits (the next "
+                      f"partq Spark write to this directory does), do not run the job again") \
+                from None
         except IngressDisabled as exc:
             state = read_state(broker, job_id)
             raise IngressDisabled(
@@ -157,9 +192,10 @@ def read_state(broker, job_id: str) -> dict:
         return read_marker(r, job_id) or {}
 
 
-def _slice(w, publisher, job_id: str, slice_rows: int) -> dict:
+def _slice(w, publisher, job_id: str, slice_rows: int) -> dict | QueueFull:
     """One commit transaction: the next chunks of at most ``slice_rows`` rows. Returns the
-    marker as it stands after it."""
+    marker as it stands after it, or the ``QueueFull`` that refused the slice (counted; nothing
+    else written)."""
     marker = read_marker(w, job_id)
     if marker is None or marker.get("state") == "aborted":
         raise JobAborted(f"job {job_id} was aborted while it was being committed")
@@ -171,9 +207,10 @@ def _slice(w, publisher, job_id: str, slice_rows: int) -> dict:
     if config.qid != marker["qid"]:
         raise QueueNotFound(f"queue {queue!r} was deleted while job {job_id} was being committed "
                             f"into it; drop the job's rows with partq.jobs.staging.abort_job")
-    fast = config.partitioned and config.ingress_enabled
+    fast = config.partitioned
     placed: dict[int, list[bytes]] = {}
     unplaced: list = []
+    taken: list[bytes] = []         # keys of the chunks moved, dropped once the slice is admitted
     moved = size = 0
     while i < len(attempts) and moved < slice_rows and size < SLICE_BYTES:
         prefix = attempt_prefix(job_id, *attempts[i])
@@ -188,17 +225,28 @@ def _slice(w, publisher, job_id: str, slice_rows: int) -> dict:
             placed.setdefault(chunk.partition, []).extend(chunk.records)
         else:
             unplaced.extend(zip(chunk.hashes(f"job {job_id}"), chunk.records, strict=True))
-        w.drop_staged(chunk_key(prefix, number))
+        taken.append(chunk_key(prefix, number))
         number += 1
         moved += chunk.rows
         size += len(raw)
+    nbytes = sum(len(r) for records in placed.values() for r in records) + \
+        sum(len(r) for _, r in unplaced) if config.max_bytes else 0
+    try:
+        admitted = publisher.admit(w, config, moved, nbytes) if moved else True
+    except QueueFull as full:
+        quota.count_refused(w, config.qid, moved)
+        return full
+    for key in taken:
+        w.drop_staged(key)
     published = discarded = 0
-    for p in sorted(placed):
-        w.append(config.qid, p, placed[p])
-        published += len(placed[p])
-    if unplaced:
-        n, dropped = publisher.place_count(w, queue, unplaced)
-        published, discarded = published + n - dropped, discarded + dropped
+    if admitted:
+        for p in sorted(placed):
+            w.append(config.qid, p, placed[p])
+        if unplaced:
+            publisher.append_admitted(w, config, unplaced)
+        published = moved
+    else:
+        discarded = moved                   # ingress off or over a quota, and the queue discards
     rows, discarded = marker["rows"] + published, marker["discarded"] + discarded
     if i >= len(attempts):
         w.drop_staged(job_prefix(job_id))     # failed and speculative attempts

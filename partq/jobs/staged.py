@@ -156,6 +156,12 @@ def decode_chunk(raw: bytes, where: str) -> StagedChunk:
     return StagedChunk(rows, count, partition, records, hashes)
 
 
+def chunk_record_bytes(raw: bytes) -> int:
+    """Bytes of the records of a staged chunk, as a quota counts a publish's (decodes the
+    chunk)."""
+    return sum(map(len, decode_chunk(raw, "a staged chunk").records))
+
+
 def chunk_rows(raw: bytes) -> int:
     """Row count of a staged chunk from its first fields, without decoding its records."""
     unpacker = msgpack.Unpacker(raw=False)

@@ -60,7 +60,7 @@ from partq.jobs.staged import (
     read_marker,
     split_attempt_prefix,
 )
-from partq.publish.encode import encode, encode_one
+from partq.publish.encode import encode, encode_one, replayable
 from partq.storage.encoding import decode_record
 
 __all__ = ["JobAborted", "JobFinished", "StagedRowsMismatch", "JobCommit", "StagedAttempt",
@@ -123,8 +123,9 @@ class Stager:
         self.rows = 0
 
     def add(self, payload, key: str | None = None, headers: dict | None = None) -> None:
-        self.add_encoded([encode_one(self._config, payload, key, headers,
-                                     self._broker.clock.wall_ns())])
+        now = self._broker.clock.wall_ns()
+        self.add_encoded(self._encoded(lambda config: [encode_one(config, payload, key, headers,
+                                                                  now)]))
 
     def add_many(self, payloads: Iterable, keys: Iterable | None = None) -> None:
         """Stage ``payloads[i]`` with ``keys[i]`` (or unkeyed when ``keys`` is None)."""
@@ -133,7 +134,17 @@ class Stager:
     def add_items(self, items: Iterable) -> None:
         """Stage items as ``Broker.publish_many`` takes them: ``payload``, ``(payload, key)``
         or ``(payload, key, headers)``."""
-        self.add_encoded(encode(self._config, items, self._broker.clock.wall_ns()))
+        items = replayable(items)
+        now = self._broker.clock.wall_ns()
+        self.add_encoded(self._encoded(lambda config: encode(config, items, now)))
+
+    def _encoded(self, encode_with) -> list:
+        """Rows encoded as a publish encodes them: checked against the queue's limits as this
+        process knows them, and against the stored ones when those refuse a row (another
+        process may have raised a limit); ``flush`` checks them again when a limit was lowered."""
+        self._config, encoded = self._broker.publisher.configs.encoded(self._config.name,
+                                                                          encode_with)
+        return encoded
 
     def add_encoded(self, encoded: list) -> None:
         """Stage rows as ``partq.publish.encode.encode`` gives them: (key hash or None, record)."""
@@ -186,6 +197,7 @@ class Stager:
             return
         chunks, first, start = self._chunks, self._next_chunk == 0, self._next_chunk
         prefix, marker, job_id = self._prefix, self._marker, self._job_id
+        configs, checked_with = self._broker.publisher.configs, self._config
 
         def op(w):
             raw = w.meta(marker)
@@ -193,6 +205,9 @@ class Stager:
                 state = (read_marker(w, job_id) or {}).get("state")
                 raise JobFinished(f"job {job_id} was already {state}; this task attempt is late "
                                   f"and its rows were not staged (nothing to do)")
+            # a limit lowered since the rows were checked refuses them, as it refuses a publish
+            configs.check_again(w, checked_with, lambda: (
+                record for chunk in chunks for record in decode_chunk(chunk, "staging").records))
             if first:
                 w.drop_staged(prefix)
             w.stage(prefix, start, chunks)

@@ -39,7 +39,16 @@ from typing import TYPE_CHECKING
 from partq.config import QueueConfig
 from partq.delivery.dead_letter import REASONS
 from partq.delivery.lock import LOCK_DIR, OwnerLock
-from partq.errors import CopyOutError, InvalidConfig, LockHeld, PartqError, QueueNotFound
+from partq.errors import (
+    CopyOutError,
+    IngressDisabled,
+    InvalidConfig,
+    InvalidMessage,
+    LockHeld,
+    PartqError,
+    QueueFull,
+    QueueNotFound,
+)
 from partq.ops.browse import load_config, log_partitions
 from partq.ops.copy_out import PartitionReport, copy, plan
 from partq.storage import Record
@@ -162,10 +171,14 @@ class RequeueSink:
             self.already += len(group) - len(fresh)
             if not fresh:
                 continue
-            self.half_done = True           # until the batch is acked (whatever this raises)
-            results = self.broker.publish_many(
-                dest, [(r.payload, r.key, clean_headers(r.headers)) for _, r in fresh],
-                checkpoint=(name, last_seq + 1))
+            was, self.half_done = self.half_done, True  # until the batch is acked
+            try:
+                results = self.broker.publish_many(
+                    dest, [(r.payload, r.key, clean_headers(r.headers)) for _, r in fresh],
+                    checkpoint=(name, last_seq + 1))
+            except (QueueFull, IngressDisabled, InvalidMessage):
+                self.half_done = was    # refused before anything was written: nothing to ack
+                raise
             if len(results) != len(fresh):
                 raise CopyOutError(f"queue {dest!r} holds a checkpoint of this requeue beyond "
                                    f"seq {last_seq} of {self.source.name!r}: another requeue "

@@ -11,7 +11,7 @@ from typing import Any
 from partq.config import MAX_TTL, QueueConfig
 from partq.core.key_hash import crc32c_of
 from partq.errors import InvalidConfig, InvalidMessage
-from partq.storage.encoding import check_headers, frame_crc, pack_record_body
+from partq.storage.encoding import check_headers, frame_crc, pack_record_body, record_fields
 
 Encoded = list[tuple[int | None, bytes]]    # (crc32c of the key or None, record bytes) per message
 
@@ -63,6 +63,16 @@ def encode(config: QueueConfig, items: Iterable, now: int, expires: int | None =
             continue
         append(encode_item(config, item, now, expires))
     return out
+
+
+def replayable(items):
+    """``items`` as something ``encode`` can go through twice (a batch is checked again with
+    the stored config when the cached one refuses it: ``partq.publish.configs``): an iterator
+    becomes a list; anything else, even what is not a batch at all (``encode`` says so), is
+    returned as it is."""
+    if isinstance(items, (list, tuple, bytes, str)) or not hasattr(items, "__iter__"):
+        return items
+    return list(items)
 
 
 def encode_item(config: QueueConfig, item, now: int, expires: int | None = None) -> tuple[int | None, bytes]:
@@ -120,8 +130,7 @@ def encode_one(config: QueueConfig, payload, key, headers, now: int,
     if type(payload) is not bytes:
         payload = bytes(payload)
     if len(payload) > config.max_message_size:
-        raise InvalidMessage(f"payload of {len(payload)} bytes exceeds max_message_size="
-                             f"{config.max_message_size} of queue {config.name!r}")
+        raise payload_too_big(config, len(payload))
     key_hash = None
     if key is not None:
         try:
@@ -129,7 +138,7 @@ def encode_one(config: QueueConfig, payload, key, headers, now: int,
         except UnicodeEncodeError:
             raise InvalidMessage("key is not encodable as UTF-8 (it holds a lone surrogate)") from None
         if len(raw_key) > config.max_key_size:
-            raise InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
+            raise key_too_long(config)
         key_hash = crc32c_of(raw_key)
     try:
         body = pack_record_body((now, key, headers, payload) if expires is None
@@ -137,3 +146,36 @@ def encode_one(config: QueueConfig, payload, key, headers, now: int,
     except (TypeError, ValueError, OverflowError) as exc:   # what check_headers let through
         raise InvalidMessage(f"headers cannot be stored: {exc}") from None
     return key_hash, frame_crc(crc32c_of(body)) + body
+
+
+def payload_too_big(config: QueueConfig, size: int) -> InvalidMessage:
+    return InvalidMessage(f"payload of {size} bytes exceeds max_message_size="
+                          f"{config.max_message_size} of queue {config.name!r}")
+
+
+def key_too_long(config: QueueConfig) -> InvalidMessage:
+    return InvalidMessage(f"key longer than max_key_size={config.max_key_size} bytes")
+
+
+def limits_lowered(then: QueueConfig, now: QueueConfig) -> bool:
+    """Whether messages checked against ``then`` must be checked again against ``now``: the
+    queue's config changed since they were encoded (another process, or another thread, updated
+    it) and one of its message limits went down. An identity test first, so the common case
+    (the config the caller cached is the one the transaction reads) costs one comparison."""
+    return now is not then and (now.max_message_size < then.max_message_size
+                                or now.max_key_size < then.max_key_size)
+
+
+def over_limits(config: QueueConfig, record: bytes) -> InvalidMessage | None:
+    """The ``InvalidMessage`` an encoded ``record`` earns under ``config``'s limits (lowered
+    since it was encoded), or None when it still fits. Decodes the record: only for the rare
+    publish that meets a change of the limits."""
+    fields = record_fields(record)
+    if fields is None:      # encoded by this process a moment ago, never stored: not damaged
+        return None
+    _, key, _, payload = fields[:4]
+    if len(payload) > config.max_message_size:
+        return payload_too_big(config, len(payload))
+    if key is not None and len(key.encode()) > config.max_key_size:
+        return key_too_long(config)
+    return None

@@ -7,8 +7,16 @@ that transaction sees, so a scale done by another process meanwhile can never mi
 caller's thread only hashes keys (``partq.publish.encode``); ``place`` takes them modulo the
 count.
 
+The same holds for the queue's limits: messages are checked in the caller's thread against the
+config this process cached, and again in the transaction when the stored config lowered a limit
+since (``partq.publish.configs``), so a change made by another process holds at once.
+
+Every write that adds messages to a queue passes ``admit``, the one gate of rules
+`ingress-egress` and `quota`: ``place`` (every publish call), and a staged job's commit
+(``partq.jobs.commit``), which appends its staged rows itself once they are admitted.
+
 Thread-safety: ``publish_async`` and ``publish_many`` may be called from any thread;
-``place`` and ``place_count`` run inside a write operation, i.e. in the group-commit thread.
+``place``, ``admit`` and ``append_admitted`` run inside a write operation.
 """
 from __future__ import annotations
 
@@ -18,15 +26,30 @@ from itertools import count, repeat
 
 from partq.config import QueueConfig
 from partq.core.partitioners import RandomPartitioner, StickyPartitioner, make_partitioner
-from partq.errors import IngressDisabled, InvalidConfig, InvalidMessage, QueueNotFound, queue_not_found
+from partq.errors import (
+    IngressDisabled,
+    InvalidConfig,
+    InvalidMessage,
+    QueueFull,
+    QueueNotFound,
+)
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.publish import quota
-from partq.publish.encode import Encoded, encode, encode_item, encode_one, expiry
+from partq.publish.configs import QueueConfigs
+from partq.publish.encode import (
+    Encoded,
+    encode,
+    encode_item,
+    encode_one,
+    expiry,
+    over_limits,
+    replayable,
+)
 from partq.publish.load_sampler import LoadSampler
 from partq.storage import crashpoints
-from partq.storage.encoding import PARENT, decode_meta, pack_u64, unpack_u64
-from partq.storage.txn import check_queue_name, mark_ttl_seen
+from partq.storage.encoding import PARENT, pack_u64, unpack_u64
+from partq.storage.txn import mark_ttl_seen
 
 DISCARDED = PublishResult(-1, -1, discarded=True)
 COUNTER_DISCARDED = b"discarded"     # queue meta: publishes discarded while ingress was off
@@ -36,16 +59,20 @@ class _PublishOne:
     in the same commit are placed together (``run_merged``): one append per partition instead of
     one per message, which is what lets many publishing threads share a commit cheaply."""
 
-    __slots__ = ("publisher", "queue", "items", "merge_key", "ttl")
+    __slots__ = ("publisher", "queue", "config", "items", "merge_key", "ttl")
 
-    def __init__(self, publisher: Publisher, queue: str, items: Encoded, ttl: bool) -> None:
-        self.publisher, self.queue, self.items, self.ttl = publisher, queue, items, ttl
-        self.merge_key = ("publish", id(publisher), queue)
+    def __init__(self, publisher: Publisher, queue: str, config: QueueConfig, items: Encoded,
+                 ttl: bool) -> None:
+        self.publisher, self.queue, self.config, self.items, self.ttl = \
+            publisher, queue, config, items, ttl
+        # publishes checked against one config merge (the op keeps that config alive, so its
+        # id is not reused while the op waits)
+        self.merge_key = ("publish", id(publisher), queue, id(config))
 
-    def __call__(self, w) -> object:    # its PublishResult, or its QueueFull (counted)
+    def __call__(self, w) -> object:    # its PublishResult, or its refusal (QueueFull counted)
         if self.ttl:
             self.publisher.ttl_seen(w, self.queue)
-        placed = quota.placed_or_refused(self.publisher, w, self.queue, self.items)
+        placed = quota.placed_or_refused(self.publisher, w, self.queue, self.items, self.config)
         return placed[0] if type(placed) is list else placed
 
     @staticmethod
@@ -53,13 +80,17 @@ class _PublishOne:
         first = ops[0]
         if any(op.ttl for op in ops):
             first.publisher.ttl_seen(w, first.queue)
-        return first.publisher.place(w, first.queue, [op.items[0] for op in ops], each=True)
+        return first.publisher.place(w, first.queue, [op.items[0] for op in ops], first.config,
+                                     each=True)
 
 
 def checkpoint_key(name: str) -> bytes:
-    if not isinstance(name, str) or not 0 < len(name.encode()) <= 400:
-        raise InvalidConfig(f"a checkpoint name is a str of 1 to 400 bytes, not {name!r}")
-    return b"checkpoint/" + name.encode()
+    # (a lone surrogate, as os.fsdecode makes of a byte that is not UTF-8, has no UTF-8 form)
+    raw = name.encode("utf-8", "replace") if isinstance(name, str) else b""
+    if not 0 < len(raw) <= 400 or raw.decode() != name:
+        raise InvalidConfig(f"a checkpoint name is a str of 1 to 400 bytes of UTF-8, not "
+                            f"{name!r:.80}")
+    return b"checkpoint/" + raw
 
 
 def checkpoint_position(checkpoint) -> tuple[str, int]:
@@ -81,27 +112,19 @@ class Publisher:
         self.store = store
         self.clock = clock
         self._rng = rng
-        self._configs: dict[str, QueueConfig] = {}       # caller-side cache (validation only)
-        self._raw_configs: dict[bytes, QueueConfig] = {}  # writer-side decode cache
+        self.configs = QueueConfigs(store)
         self._partitioners: dict[int, tuple[QueueConfig, RandomPartitioner | StickyPartitioner,
                                             LoadSampler]] = {}
 
     # ------------------------------------------------------------------ caller side
     def config(self, queue: str) -> QueueConfig:
-        """The queue's config for validating publishes (cached: limits rarely change, and the
-        write transaction reads the current one anyway)."""
-        config = self._configs.get(check_queue_name(queue))
-        if config is None:
-            with self.store.read() as r:
-                raw = r.queue(queue)
-                if raw is None:
-                    raise queue_not_found(queue, r.queues())
-            config = self._configs[queue] = QueueConfig.from_dict(raw)
-        return config
+        """The queue's config for validating publishes (cached: the write transaction checks
+        against the stored one, ``partq.publish.configs``)."""
+        return self.configs.cached(queue)
 
     def forget(self, queue: str) -> None:
         """Drop the cached config of ``queue`` (it changed)."""
-        self._configs.pop(queue, None)
+        self.configs.forget(queue)
 
     def publish(self, queue: str, payload: bytes, key: str | None = None,
                 headers: dict | None = None, ttl: float | None = None) -> PublishResult:
@@ -116,27 +139,28 @@ class Publisher:
 
     def _submit_one(self, queue: str, payload: bytes, key: str | None, headers: dict | None,
                     ttl: float | None, wait: bool = False):
-        config = self.config(queue)
         now = self.clock.wall_ns()
         expires = expiry(now, ttl)
-        encoded = [encode_one(config, payload, key, headers, now, expires)]
-        return self.store.submit(_PublishOne(self, queue, encoded, expires is not None), wait)
+        config, encoded = self.configs.encoded(queue, lambda config: [
+            encode_one(config, payload, key, headers, now, expires)])
+        return self.store.submit(_PublishOne(self, queue, config, encoded, expires is not None),
+                                 wait)
 
     def publish_many_async(self, queue: str, items: Iterable, ttl: float | None = None,
                            wait: bool = False) -> Pending:
         """``publish_many`` without waiting: checked and encoded now, one transaction, durable
         once ``result()`` returns (``wait``: the caller waits at once: ``Store.submit``)."""
-        config = self.config(queue)
         now = self.clock.wall_ns()                 # one commit, one publish time
         expires = expiry(now, ttl)
-        encoded = encode(config, items, now, expires)
+        items = replayable(items)
+        config, encoded = self.configs.encoded(queue, lambda config: encode(config, items, now, expires))
         if not encoded:
             return Pending(None, [])
 
         def op(w):
             if expires is not None:
                 self.ttl_seen(w, queue)
-            return quota.placed_or_refused(self, w, queue, encoded)
+            return quota.placed_or_refused(self, w, queue, encoded, config)
         return Pending(quota.RaisesRefusal(self.store.submit(op, wait)))
 
     def publish_each_async(self, queue: str, items: list, wait: bool = False) -> Pending:
@@ -150,6 +174,7 @@ class Publisher:
         try:
             encoded = encode(config, items, now)    # all of them good: the common case
         except InvalidMessage:
+            config = self.configs.reload(queue)     # another process may have raised a limit
             positions, encoded = [], []
             for i, item in enumerate(items):
                 try:
@@ -161,7 +186,7 @@ class Publisher:
             return Pending(None, out)
 
         def op(w):
-            results = self.place(w, queue, encoded, each=True)
+            results = self.place(w, queue, encoded, config, each=True)
             if positions is None:
                 return results
             for i, result in zip(positions, results, strict=True):
@@ -175,10 +200,11 @@ class Publisher:
             return self.publish_many_async(queue, items, ttl, wait=True).result()
         name, position = checkpoint_position(checkpoint)
         key = checkpoint_key(name)
-        config = self.config(queue)
         now = self.clock.wall_ns()                 # one commit, one publish time
         expires = expiry(now, ttl)
-        encoded = encode(config, items, now, expires)
+        items = replayable(items)
+        encoded_with, encoded = self.configs.encoded(queue, lambda config: encode(config, items, now,
+                                                                          expires))
 
         def op(w):
             config = self.config_in(w, queue)
@@ -192,7 +218,8 @@ class Publisher:
                                       f"would lose the batch; enable ingress and run it again")
             # over a quota, a checkpointed batch is refused even where the queue discards: a
             # discarded one would be lost for good behind its stored position
-            placed = quota.placed_or_refused(self, w, queue, encoded, True) if encoded else []
+            placed = quota.placed_or_refused(self, w, queue, encoded, encoded_with,
+                                             True) if encoded else []
             if type(placed) is list:
                 w.put_queue_meta(config.qid, key, pack_u64(position))
             return placed
@@ -214,35 +241,51 @@ class Publisher:
 
     def config_in(self, w, queue: str) -> QueueConfig:
         """The queue's config as of this transaction (another process may have changed it)."""
-        raw = w.queue_raw(queue)
-        if raw is None:
-            raise QueueNotFound(f"no queue named {queue!r}")
-        config = self._raw_configs.get(raw)
-        if config is None:
-            if len(self._raw_configs) > 64:
-                self._raw_configs.clear()
-            config = self._raw_configs[raw] = QueueConfig.from_dict(decode_meta(raw, queue))
-        return config
+        return self.configs.in_txn(w, queue)
 
-    def place(self, w, queue: str, items: Encoded, each: bool = False,
-              reject: bool = False) -> list:
+    def admit(self, w, config: QueueConfig, count: int, nbytes: int, reject: bool = False) -> bool:
+        """The gate of every write that adds messages to a queue: may ``count`` messages of
+        ``nbytes`` record bytes (``quota.record_bytes``) be appended to the queue of ``config``
+        (read in this transaction)? True: append them. False: they are discarded, and counted
+        (ingress is off, rule `ingress-egress`; or they would pass a quota, rule `quota`, and the
+        queue discards). Raises ``IngressDisabled`` or ``QueueFull`` when the queue rejects
+        (``reject``: ``QueueFull`` whatever the queue's reject_msg_to_sender), having written
+        nothing."""
+        if not config.ingress_enabled:
+            self._refuse(w, config, count)
+            return False
+        if not (config.max_depth or config.max_bytes):
+            return True                         # no quota: the common case, no call
+        full = quota.check(w, config, count, nbytes)
+        if full is None:
+            return True
+        quota.refuse(w, config, full, count, reject)
+        return False
+
+    def place(self, w, queue: str, items: Encoded, encoded_with: QueueConfig,
+              each: bool = False, reject: bool = False) -> list:
         """Append encoded messages to ``queue`` in this transaction; one result per message (a
         discarded one when ingress is off and the queue discards, rule `ingress-egress`). Past a
         quota (rule `quota`, ``partq.publish.quota``) all of them are refused, ``QueueFull``
         raised before anything is written, or discarded and counted (``reject``: raised
-        whatever the queue's reject_msg_to_sender). ``each``: they are independent publishes
-        (merged single publishes, ``publish_each``); when they do not all fit, each is placed
-        alone in turn, and the result of one refused is its ``QueueFull``, counted."""
-        config = self.config_in(w, queue)
-        if not config.ingress_enabled:
-            self._refuse(w, config, len(items))
-            return [DISCARDED] * len(items)
-        if (config.max_depth or config.max_bytes) and \
-                (full := quota.check(w, config, items)) is not None:
-            if each:
-                return quota.each_alone(self, w, queue, items)
-            quota.refuse(w, config, full, len(items), reject)
-            return [DISCARDED] * len(items)
+        whatever the queue's reject_msg_to_sender). ``encoded_with``: the config the messages
+        were checked against; when the stored one has lower limits they are checked again, and
+        one over them raises its ``InvalidMessage``, nothing written. ``each``: they are
+        independent publishes (merged single publishes, ``publish_each``); a message over the
+        limits gets its ``InvalidMessage`` as result, and when they do not all fit the quota
+        each is placed alone in turn, the result of one refused being its ``QueueFull``,
+        counted."""
+        config = self.configs.in_txn(w, queue)
+        if config is not encoded_with and self.configs.lowered(config, encoded_with):
+            return self._place_checked(w, queue, config, items, each, reject)
+        try:
+            if not self.admit(w, config, len(items), quota.record_bytes(config, items),
+                              reject or each):
+                return [DISCARDED] * len(items)
+        except QueueFull:
+            if not each:
+                raise
+            return quota.each_alone(self, w, queue, items, config)
         ps, firsts = self._append(w, config, items)
         # each partition's seqs go up from its first, in batch order (C-level loops: a
         # Python loop over the batch cost a quarter more)
@@ -250,18 +293,23 @@ class Publisher:
         seqs = map(next, map(counters.__getitem__, ps))
         return list(map(tuple.__new__, repeat(PublishResult), zip(ps, seqs, repeat(False))))
 
-    def place_count(self, w, queue: str, items: Encoded) -> tuple[int, int]:
-        """``place`` for bulk callers that need no results: (published, discarded)."""
-        config = self.config_in(w, queue)
-        if not config.ingress_enabled:
-            self._refuse(w, config, len(items))
-            return 0, len(items)
-        if (config.max_depth or config.max_bytes) and \
-                (full := quota.check(w, config, items)) is not None:
-            quota.refuse(w, config, full, len(items))
-            return 0, len(items)
+    def _place_checked(self, w, queue: str, config: QueueConfig, items: Encoded, each: bool,
+                       reject: bool) -> list:
+        """``place`` of messages checked against limits the stored ``config`` has lowered since:
+        each checked again first (rare: the first writes after such a change)."""
+        refused = [over_limits(config, record) for _, record in items]
+        if not any(refused):
+            return self.place(w, queue, items, config, each, reject)
+        if not each:
+            raise next(exc for exc in refused if exc is not None)
+        fit = [item for item, exc in zip(items, refused, strict=True) if exc is None]
+        placed = iter(self.place(w, queue, fit, config, True) if fit else [])
+        return [next(placed) if exc is None else exc for exc in refused]
+
+    def append_admitted(self, w, config: QueueConfig, items: Encoded) -> None:
+        """Append messages ``admit`` let in (in this transaction), each placed as a publish
+        places it."""
         self._append(w, config, items)
-        return len(items), 0
 
     def _append(self, w, config: QueueConfig, items: Encoded) -> tuple[list[int], dict[int, int]]:
         """Choose each message's partition (rules `key-hash`, `unkeyed-partitioner`) and append them,

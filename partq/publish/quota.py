@@ -1,11 +1,25 @@
 """Queue quotas (rule `quota`): ``max_depth``, messages published and not acked, and
-``max_bytes``, bytes of the queue's stored log. A publish, or a whole ``publish_many``, that
-would take the queue past either is refused with ``QueueFull`` when ``reject_msg_to_sender`` is
-on, and discarded and counted otherwise; nothing of it is stored either way.
+``max_bytes``, bytes of the queue's stored log. One rule for every write that adds messages to
+a queue: ``publish``, ``publish_async``, ``publish_many`` (checkpointed ones too: copy-in,
+copy-out to a queue, a dead-message requeue), the coalesced publishes of ``partq serve``
+(``publish_each``) and a staged job's commit (``partq.jobs.commit``). The messages a write
+adds are checked together, in the write transaction that would add them, by ``check``
+(through ``Publisher.admit``, the one gate): past either quota, all of them are refused with
+``QueueFull`` when ``reject_msg_to_sender`` is on, and discarded and counted otherwise; nothing
+of them is stored either way. Where a discard would lose messages silently the write is refused
+whatever the setting: a checkpointed ``publish_many``, whose position would move past them. A
+write of independent publishes (merged single publishes, ``publish_each``) is the one
+exception to "together": when they do not all fit, each is checked alone, in order.
 
-The check runs in the write transaction that places the messages (``Publisher.place``), against
-what that transaction sees, so it holds across processes: LMDB has one writer at a time, and two
-processes publishing into one queue can never pass its quota together. It costs no log scan:
+A staged job's commit is checked whole when it begins (all its rows and their bytes: refused,
+nothing is published and the job stays open, to be committed again or aborted; discarded, the
+whole job is dropped and counted), and each of its slices again when it is appended (another
+publisher may have filled the queue between two slices: a refused slice leaves the job
+committing with the rest staged, which ``resume_commits`` finishes once there is room).
+
+The check runs in the write transaction, against what that transaction sees, so it holds across
+processes: LMDB has one writer at a time, and two processes publishing into one queue can never
+pass its quota together. It costs no log scan:
 
 * depth: per existing log of the queue (its partitions, and the parent log ``PARENT``), the
   head minus what its ack state holds acked: one head and one ack state read per log, and only
@@ -31,14 +45,13 @@ decision and as durably as a publish (a count in memory would be lost with its p
 differ per process; a separate write after catching would cost a commit of its own and be lost
 by a crash in between), and a refused publish does not abort the commit it shares with other
 publishes (a raising operation makes the group commit run the whole batch again one operation at
-a time). Code that calls ``place`` or ``place_count`` in a transaction of its own (a Spark job's
-commit, ``partq.jobs.commit``) gets the exception, which aborts that transaction and counts
-nothing: that job is not published, and stays to be finished later.
+a time). A staged job's commit, which writes in transactions of its own, does the same: it
+counts the refusal in the transaction that refuses it and raises it once that is committed.
 """
 from __future__ import annotations
 
 from partq.config import QueueConfig
-from partq.errors import QueueFull
+from partq.errors import InvalidMessage, PartqError, QueueFull
 from partq.publish.encode import Encoded
 from partq.storage.encoding import pack_u64, unpack_u64
 from partq.storage.writer import log_bytes
@@ -67,17 +80,24 @@ def quota_counts(reader, qid: int) -> dict[str, int]:
             "discarded": _count(reader, qid, COUNTER_DISCARDED)}
 
 
-def check(w, config: QueueConfig, items: Encoded) -> QueueFull | None:
-    """The ``QueueFull`` that placing ``items`` in this transaction would earn, or None when
-    they fit under both quotas. Writes nothing but the byte counter, on a queue's first check
-    with ``max_bytes`` (a value that is right whether or not the transaction goes on)."""
+def record_bytes(config: QueueConfig, items: Encoded) -> int:
+    """The bytes ``check`` counts for ``items`` (their records), summed only for a queue with
+    ``max_bytes`` (0 otherwise: nothing to count them against)."""
+    return sum([len(record) for _, record in items]) if config.max_bytes else 0
+
+
+def check(w, config: QueueConfig, count: int, nbytes: int) -> QueueFull | None:
+    """The ``QueueFull`` that adding ``count`` messages of ``nbytes`` record bytes in this
+    transaction would earn, or None when they fit under both quotas (or the queue has none).
+    Writes nothing but the byte counter, on a queue's first check with ``max_bytes`` (a value
+    that is right whether or not the transaction goes on)."""
     if config.max_depth:
         depth = queue_depth(w, config.qid)
-        if depth + len(items) > config.max_depth:
+        if depth + count > config.max_depth:
             return QueueFull(config.name, "max_depth", config.max_depth, depth)
     if config.max_bytes:
         stored = w.count_bytes(config.qid)
-        if stored + sum([len(record) for _, record in items]) > config.max_bytes:
+        if stored + nbytes > config.max_bytes:
             return QueueFull(config.name, "max_bytes", config.max_bytes, stored)
     return None
 
@@ -91,39 +111,50 @@ def refuse(w, config: QueueConfig, full: QueueFull, count: int, reject: bool = F
     _add(w, config.qid, COUNTER_DISCARDED, count)
 
 
-def placed_or_refused(publisher, w, queue: str, items: Encoded, reject: bool = False):
-    """``publisher.place(w, queue, items)`` for a group-commit operation: its results, or the
-    ``QueueFull`` it raised (before placing anything), counted in this transaction and returned
-    for the caller's thread to raise (``refusal_raised``)."""
+def placed_or_refused(publisher, w, queue: str, items: Encoded, encoded_with: QueueConfig,
+                      reject: bool = False):
+    """``publisher.place(w, queue, items, encoded_with)`` for a group-commit operation: its
+    results, or the ``QueueFull`` it raised (before placing anything), counted in this
+    transaction, or the ``InvalidMessage`` of a message over limits lowered since it was
+    checked; returned for the caller's thread to raise (``refusal_raised``)."""
     try:
-        return publisher.place(w, queue, items, reject=reject)
+        return publisher.place(w, queue, items, encoded_with, reject=reject)
     except QueueFull as full:
-        _add(w, publisher.config_in(w, queue).qid, COUNTER_REFUSED, len(items))
+        count_refused(w, publisher.config_in(w, queue).qid, len(items))
         return full
+    except InvalidMessage as invalid:
+        return invalid
 
 
-def each_alone(publisher, w, queue: str, items: Encoded) -> list:
-    """Independent publishes that do not all fit: each placed alone, in order (so the ones that
-    fit go in, as if published one after the other); a refused one's result is its
-    ``QueueFull`` (counted), a discarded one's is discarded."""
+def each_alone(publisher, w, queue: str, items: Encoded, config: QueueConfig) -> list:
+    """Independent publishes (checked against ``config``) that do not all fit: each placed
+    alone, in order (so the ones that fit go in, as if published one after the other); a
+    refused one's result is its ``QueueFull`` (counted), a discarded one's is discarded."""
     out: list = []
     for item in items:
-        placed = placed_or_refused(publisher, w, queue, [item])
+        placed = placed_or_refused(publisher, w, queue, [item], config)
         out.append(placed[0] if type(placed) is list else placed)
     return out
 
 
+def count_refused(w, qid: int, count: int) -> None:
+    """Count ``count`` messages refused with ``QueueFull`` in queue id ``qid``, in the
+    transaction that refused them."""
+    _add(w, qid, COUNTER_REFUSED, count)
+
+
 def refusal_raised(value):
-    """``value``, the result of a publish's write, or raise it when it is the ``QueueFull`` its
-    operation returned (counted) instead of raising."""
-    if type(value) is QueueFull:
+    """``value``, the result of a publish's write, or raise it when it is the error (a
+    ``QueueFull``, counted, or an ``InvalidMessage``) its operation returned instead of
+    raising."""
+    if isinstance(value, PartqError):
         raise value
     return value
 
 
 class RaisesRefusal:
-    """A group-commit handle whose ``result()`` raises the ``QueueFull`` its operation returned
-    (``partq.pending.WriteHandle``)."""
+    """A group-commit handle whose ``result()`` raises the error its operation returned
+    (``refusal_raised``; ``partq.pending.WriteHandle``)."""
 
     __slots__ = ("_fut",)
 

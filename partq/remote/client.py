@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 
 from partq import errors
+from partq.clock import MAX_SECONDS
 from partq.errors import (
     ConnectionEnded,
     FrameError,
@@ -71,6 +72,10 @@ def connect(address: str, token: str | bytes | None = None,
     if not reconnect_timeout > 0:
         raise errors.InvalidConfig(f"reconnect_timeout must be > 0 seconds, not "
                                    f"{reconnect_timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout <= MAX_SECONDS:      # (NaN is none of them)
+        raise errors.InvalidConfig(f"timeout must be a number of seconds above 0, at most "
+                                   f"{MAX_SECONDS:g}, not {timeout!r}")
     return Client(address, read_token(token, token_file), client_context(ssl), timeout,
                   reconnect_timeout)
 

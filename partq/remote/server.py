@@ -18,6 +18,8 @@ One session per connection. Requests carry an id and are answered in order of co
     logs, read, stage, commit_job, abort_job, resume_commits, ensure_queue
                                              (the Spark source: partq.jobs.staging.spark_request)
     beat                                     (no answer; any frame keeps a session alive)
+    every field of a request is checked first (``partq.remote.requests``): a request that fails
+    is refused like any other, with its typed error, and the connection goes on
     errors: error {req, error, message, and the error's fields}: the error's ``to_frame()``;
     the client raises ``partq.wire.error_frames.error_from_frame`` of it, the same class with
     the same fields (a ``CorruptRecord`` with its queue, partition and seq)
@@ -44,12 +46,12 @@ import threading
 from contextlib import AbstractContextManager
 
 from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
-from partq.jobs.staging import SPARK_OPS, spark_request
+from partq.jobs.staging import spark_request
 from partq.pending import add_done_callback
 from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
 from partq.remote.pumps import Pumps
-from partq.storage.txn import check_queue_name
+from partq.remote.requests import check_request
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
@@ -199,20 +201,19 @@ class Session:
             give_back_freed_memory()
 
     def _handle(self, frame: dict) -> None:
-        op, req = frame.get("op"), frame.get("req")
-        if op == "beat":
-            return
+        req = frame.get("req")
         try:
-            if op in ("publish", "publish_each") and len(frame.get("items") or ()) \
-                    > self.limits.max_batch:
+            op = check_request(frame)         # every field, before anything is done
+            if op == "beat":
+                return
+            if op in ("publish", "publish_each") and len(frame["items"]) > self.limits.max_batch:
                 raise InvalidMessage(f"a batch of {len(frame['items'])} items is over this "
                                      f"server's limit of {self.limits.max_batch}; publish it in "
                                      f"smaller batches")
             if op == "publish":
-                items = [tuple(item) if isinstance(item, list) else item
-                         for item in frame.get("items", [])]
-                queue = check_queue_name(frame.get("queue"))
-                if len(items) == 1 and isinstance(items[0], tuple) and len(items[0]) == 3:
+                items = [tuple(item) for item in frame["items"]]
+                queue = frame["queue"]
+                if len(items) == 1 and len(items[0]) == 3:
                     one = self.broker.publish_async(queue, *items[0])   # merged with others
                     self._when_durable((req, one, lambda r: {
                         "op": "published", "req": req, "results": [r]}))
@@ -221,9 +222,8 @@ class Session:
                 self._when_durable((req, pending, lambda results: {     # (partition, seq,
                     "op": "published", "req": req, "results": results}))  # discarded) each
             elif op == "publish_each":
-                items = [tuple(item) for item in frame.get("items", [])]
-                each = self.broker.publish_each_async(check_queue_name(frame.get("queue")), items,
-                                                      commit_here=True)
+                items = [tuple(item) for item in frame["items"]]
+                each = self.broker.publish_each_async(frame["queue"], items, commit_here=True)
                 self._when_durable((req, each, lambda results: {
                     "op": "published", "req": req,
                     "results": [r.to_frame() if isinstance(r, PartqError) else r
@@ -232,29 +232,24 @@ class Session:
                 self._bind(req, frame)
             elif op == "ack":
                 pump = self._pump(frame)
-                pump.ack(pump.messages(frame.get("ids", [])), lambda pending: self._when_durable(
+                pump.ack(pump.messages(frame["ids"]), lambda pending: self._when_durable(
                     (req, pending, lambda _: {"op": "ok", "req": req})))
             elif op == "ack_through":
-                pending = self._pump(frame).flow.ack_through(int(frame["partition"]),
-                                                            int(frame["seq"]))
+                pending = self._pump(frame).flow.ack_through(frame["partition"], frame["seq"])
                 self._when_durable((req, pending, lambda _: {"op": "ok", "req": req}))
             elif op in ("nack", "reject"):
                 pump = self._pump(frame)
-                msg = pump.messages([frame.get("id")])[0]
-                delay = frame.get("delay")
-                if delay is not None and (isinstance(delay, bool)
-                                          or not isinstance(delay, (int, float))):
-                    raise FrameError(f"a nack's delay must be a number, not {delay!r}")
-                pump.nack(req, msg, delay, reject=op == "reject")   # the pump thread applies it
-            elif op == "unbind":
-                leaving = self.flows.pop(str(frame.get("flow")), None)
+                msg = pump.messages([frame["id"]])[0]
+                pump.nack(req, msg, frame.get("delay"), reject=op == "reject")  # the pump
+            elif op == "unbind":                                           # thread applies it
+                leaving = self.flows.pop(frame["flow"], None)
                 if leaving is not None:
                     self._forget(leaving)
                     self.server.pumps.remove(leaving)
                     leaving.stop(unbind=True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
-                status = self.broker.queue_status(check_queue_name(frame.get("queue")))
+                status = self.broker.queue_status(frame["queue"])
                 self.send({"op": "status", "req": req, "status": status.as_dict()})
             elif op == "queues":          # partq top --address
                 self.send({"op": "queues", "req": req,
@@ -262,25 +257,20 @@ class Session:
             elif op == "replication":
                 self.send({"op": "replication", "req": req,
                            "replication": self.broker.replication_status().as_dict()})
-            elif op in SPARK_OPS:         # the Spark source with .option("address"), rule `spark-remote`
-                self.send({"op": op, "req": req, **spark_request(self.broker, frame)})
-            else:
-                raise FrameError(f"unknown request {op!r}")
-        except FrameError:
-            raise                     # not a request: the session ends (run)
-        except PartqError as exc:
+            else:                         # the Spark source with .option("address"), rule
+                self.send({"op": op, "req": req,        # `spark-remote`
+                           **spark_request(self.broker, frame)})
+        except PartqError as exc:     # refused: the connection goes on
             self.send(error_frame(exc, req=req))
 
     def _bind(self, req, frame: dict) -> None:
-        queue = check_queue_name(frame.get("queue"))
-        hint = frame.get("hint")
-        name = frame.get("name")
+        queue, hint, name = frame["queue"], frame.get("hint"), frame.get("name")
         if len(self.flows) >= self.limits.max_flows:
             raise InvalidConfig(f"this connection has {len(self.flows)} flows bound, the server's "
                                 f"limit; unbind one, or open another connection")
         if name is not None:
             self.server.claim_name(queue, name, self)
-        flow = self.broker.bind(queue, name=name, hint=None if hint is None else list(hint),
+        flow = self.broker.bind(queue, name=name, hint=hint,
                                 skip_corrupt=bool(frame.get("skip_corrupt")))
         config = self.broker.queue_config(queue)
         timeout = config.consumer_timeout
@@ -310,9 +300,9 @@ class Session:
             self.server.release_name(pump.flow.queue, pump.flow.name, self)
 
     def _pump(self, frame: dict) -> Pump:
-        pump = self.flows.get(str(frame.get("flow")))
+        pump = self.flows.get(frame["flow"])
         if pump is None:
-            raise FlowClosed(f"no flow {frame.get('flow')!r} is bound on this connection; bind "
+            raise FlowClosed(f"no flow {frame['flow']!r:.80} is bound on this connection; bind "
                              f"again")
         return pump
 

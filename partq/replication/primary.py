@@ -56,7 +56,7 @@ from partq.replication.status import (
     stored_messages,
     u64,
 )
-from partq.replication.supersede import mark_superseded, superseded
+from partq.replication.supersede import claim_from, mark_superseded, superseded
 from partq.replication.sync_gate import SyncGate
 from partq.wire.frames import recv_frame, send_frame
 from partq.wire.listener import Listener
@@ -176,7 +176,7 @@ class ReplicationServer:
             if admitted.resume_after is not None:
                 sent = admitted.resume_after
             else:
-                sent = self._snapshots.send(sock)
+                sent = self._snapshots.send(sock, info.standby_id)
             self._stream(sock, link, sent)
         except ReplicationRefused as exc:
             log.warning("refused standby %s from %s: %s", hello.get("standby_id"), where, exc)
@@ -196,16 +196,18 @@ class ReplicationServer:
 
     def _superseded_by(self, sock: socket.socket, hello: dict, where: str) -> None:
         """A promoted standby of this primary says so (``supersede``): mark the directory, which
-        refuses writes from now on, and answer; a history that does not fork from this one's is
-        refused."""
+        refuses writes from now on, and answer; a claim it cannot prove (that standby's slot
+        secret, a history forked from this one's at a commit this primary streamed it) is
+        refused and changes nothing."""
         try:
-            theirs = timeline.from_wire(hello.get("supersedes"))
+            claim = claim_from(hello)
         except FrameError as exc:
-            raise ReplicationRefused(f"malformed supersedes: {exc}") from None
-        who = f"standby {str(hello.get('standby_id'))[:64]} ({where})"
-        reason = self.store.write(lambda w: mark_superseded(w, theirs, who))
+            raise ReplicationRefused(f"malformed supersede request: {exc}") from None
+        who = f"standby {claim.standby_id} ({where})"
+        acks = self._link_acks()
+        reason = self.store.write(lambda w: mark_superseded(w, claim, who, acks))
         if reason is not None:
-            raise ReplicationRefused(reason)
+            raise ReplicationRefused(f"{who} cannot supersede this primary: {reason}")
         log.error("%s: %s was promoted and superseded this primary: it refuses writes now",
                   self.store.path, who)
         send_frame(sock, {"type": "superseded"})
@@ -232,7 +234,7 @@ class ReplicationServer:
         first = head + 1 if first is None else first
         resume = applied is not None and first - 1 <= applied <= head
         slots.register(w, info.standby_id, applied if resume else head, where,
-                       self.options.max_slots)
+                       self.options.max_slots, info.verifier)
         return _Admission(history, head, applied if resume else None, None)
 
     def _attach(self, standby_id: str, address: str) -> _Link:

@@ -5,16 +5,23 @@ anything acts on it.
 A connection starts with the handshake of ``partq.wire`` (role ``"replication"``, after TLS
 when configured): the standby proves the shared token and the primary proves it back, so
 neither side talks to an impostor. The standby's hello carries ``standby_id``, ``applied_lsn``,
-``timeline`` and ``applied_crc`` (what it holds). Then the primary sends:
+``timeline`` and ``applied_crc`` (what it holds), and ``verifier``, the hash of the secret it
+keeps for its slot (``supersede``). Then the primary sends:
 
     refused {reason}                                   and closes (divergence, no slot left)
     start {timelines, head}                            the primary's history (see ``timeline``)
     wait {}                                            a snapshot is being prepared: no answer
-    snapshot {size, lsn, crc_at_lsn} chunk {data}* snapshot_end {crc}
+    snapshot {size, lsn, crc_at_lsn} chunk {data}* snapshot_end {crc, proof}
     changes {entries, head, head_time_ns, head_msgs}   the standby answers ack {lsn}
     part {lsn, size, offset, data, ...head fields}     one slice of an entry larger than a
                                                        frame; the last one is answered by an ack
     heartbeat {entries: [], ...head fields}            answered by an ack
+
+A promoted standby telling its old primary it is superseded says instead, in its hello,
+``supersedes`` (its timeline history), ``slot_secret`` (the secret whose hash its slot holds),
+``applied_lsn`` and ``applied_crc`` (its last commit of the old primary), ``snapshot_lsn`` and
+``snapshot_proof`` (the proof that ended its last snapshot), and is answered ``superseded`` or
+``refused {reason}`` (``supersede``).
 
 Bounds: a frame the standby reads is at most ``MAX_FRAME`` (8 MiB); change-log entries go in
 frames of at most ``BATCH_BYTES``, and an entry larger than ``PART_BYTES`` in parts of that size,
@@ -43,6 +50,7 @@ LINK_TIMEOUT = 60.0            # seconds either side waits for the other's next 
 HANDSHAKE_TIMEOUT = 5.0
 MAX_LSN = (1 << 63) - 1
 DEFAULT_MAX_SLOTS = 10
+SECRET_BYTES = 32              # a standby's slot secret, and its verifier (a SHA-256 hash)
 DEFAULT_MAX_SLOT_KEEP = 1 << 30     # bytes of change log kept for the slowest standby
 DEFAULT_LIMITS = Limits(max_frame=ACK_FRAME, handshake_timeout=HANDSHAKE_TIMEOUT,
                         idle_timeout=LINK_TIMEOUT, max_connections=16, max_handshakes=16)
@@ -137,6 +145,7 @@ class StandbyHello:
     applied_lsn: int | None
     timeline: str | None
     applied_crc: int | None
+    verifier: bytes | None = None      # hash of the standby's slot secret (None: older partq)
 
 
 def standby_hello(hello: dict) -> StandbyHello:
@@ -150,7 +159,11 @@ def standby_hello(hello: dict) -> StandbyHello:
     crc = hello.get("applied_crc")
     if crc is not None and (type(crc) is not int or not 0 <= crc < 1 << 32):
         raise FrameError("malformed applied_crc")
-    return StandbyHello(sid, lsn_field(hello, "applied_lsn", optional=True), timeline, crc)
+    verifier = hello.get("verifier")
+    if verifier is not None and (not isinstance(verifier, bytes) or len(verifier) != SECRET_BYTES):
+        raise FrameError("malformed verifier")
+    return StandbyHello(sid, lsn_field(hello, "applied_lsn", optional=True), timeline, crc,
+                        verifier)
 
 
 def head_fields(frame: dict) -> tuple[int, int, int]:

@@ -6,16 +6,17 @@ to promote; the role owns the threads of whichever side it plays.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from partq.errors import InvalidConfig
+from partq.replication.fencer import Fencer, fence_state
 from partq.replication.link_watch import LinkWatch
 from partq.replication.primary import ReplicationServer
 from partq.replication.protocol import ReplicationOptions
 from partq.replication.slots import SlotKeeper, stored_status
 from partq.replication.standby import FOLLOWED, StandbyFollower, promote_store
 from partq.replication.status import ReplicationStatus
-from partq.replication.supersede import FENCE_TARGET, Fencer
 from partq.storage import Store
 
 log = logging.getLogger("partq.broker")
@@ -81,19 +82,26 @@ class ReplicationRole:
 
     def _fence(self, options: ReplicationOptions) -> None:
         """Tell the old primary it is superseded, if this store was promoted and has not yet
-        (``supersede``), with ``options`` (token, TLS) to reach it."""
+        (``fencer``), with ``options`` (token, TLS) to reach it."""
         with self.store.read() as r:
-            pending = r.meta(FENCE_TARGET) is not None
+            pending = fence_state(r)[0] is not None
         if pending and self.fencer is None:
             self.fencer = Fencer(self.store, options)
 
     def status(self) -> ReplicationStatus:
-        """Role, link state and lag (in messages and seconds)."""
+        """Role, link state and lag (in messages and seconds); on a promoted store, the old
+        primary it has not told yet."""
         if self.follower is not None:
             return self.follower.status()
         if self.server is not None:
-            return self.server.status()
-        return stored_status(self.store, "standby" if self.standby else "primary")
+            st = self.server.status()
+        else:
+            st = stored_status(self.store, "standby" if self.standby else "primary")
+        if self.standby:
+            return st
+        with self.store.read() as r:
+            pending, error = fence_state(r)
+        return dataclasses.replace(st, fence_pending=pending, fence_error=error)
 
     @property
     def address(self) -> str | None:

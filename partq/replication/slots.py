@@ -1,9 +1,15 @@
 """Replication slots: what a primary keeps for each standby it serves, and the bound on it.
 
-A slot (meta ``slots``: standby id -> acked LSN, created, last seen) keeps the change log after
-its standby's acked LSN, so a standby that reconnects resumes instead of starting over. Slots are
-created only for a standby that passed the handshake (``register``), at most ``max_slots`` of
-them. While the ``slots`` key exists every commit writes the change log (``Writer.finish``).
+A slot (meta ``slots``: standby id -> acked LSN, created, last seen, address, verifier) keeps
+the change log after its standby's acked LSN, so a standby that reconnects resumes instead of
+starting over. Slots are created only for a standby that passed the handshake (``register``),
+at most ``max_slots`` of them. While the ``slots`` key exists every commit writes the change log
+(``Writer.finish``).
+
+The verifier is the hash of a secret the standby keeps (``supersede``): it ties the slot to the
+standby that made it, so another peer cannot take the slot over by its id, and only that
+standby, once promoted, can prove it followed this primary. The primary keeps the hash, never
+the secret: its meta travels in every snapshot it sends.
 
 The bound (PostgreSQL's ``max_slot_wal_keep_size``): when the change log passes
 ``max_slot_keep`` bytes, the slot of the standby furthest behind is invalidated (removed, and
@@ -18,6 +24,7 @@ the slowest slot keeps, so "bytes behind" of that slot is read in O(1).
 """
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -45,6 +52,9 @@ class Slot:
     created: float             # wall-clock time the slot was made
     seen: float                # wall-clock time of its last ack (0: none yet)
     address: str = ""          # where its last connection came from
+    verifier: bytes | None = None   # hash of the standby's secret (None: made by older partq)
+    snapshot_lsn: int | None = None        # the last snapshot sent to it, and the hash of the
+    snapshot_proof: bytes | None = None    # proof that came with it (``note_snapshot``)
 
 
 def read_slots(r) -> dict[str, Slot]:
@@ -54,8 +64,13 @@ def read_slots(r) -> dict[str, Slot]:
         if isinstance(value, int):          # the earlier format: the acked LSN alone
             out[sid] = Slot(sid, value, 0.0, 0.0)
         else:
+            verifier, proof = value.get("verifier"), value.get("snapshot_proof")
+            snapshot_lsn = value.get("snapshot_lsn")
             out[sid] = Slot(sid, int(value["acked"]), float(value.get("created", 0.0)),
-                            float(value.get("seen", 0.0)), str(value.get("address", "")))
+                            float(value.get("seen", 0.0)), str(value.get("address", "")),
+                            verifier if isinstance(verifier, bytes) else None,
+                            snapshot_lsn if isinstance(snapshot_lsn, int) else None,
+                            proof if isinstance(proof, bytes) else None)
     return out
 
 
@@ -92,9 +107,12 @@ def _trim_point(r, slots: dict[str, Slot]) -> int:
     return min((s.acked for s in slots.values()), default=u64(r.meta(b"lsn")))
 
 
-def register(w, standby_id: str, position: int, address: str, max_slots: int) -> Slot:
+def register(w, standby_id: str, position: int, address: str, max_slots: int,
+             verifier: bytes | None = None) -> Slot:
     """The slot of a standby that passed the handshake, made if new (keeping the change log
-    after ``position``). Raises ``ReplicationRefused`` when ``max_slots`` exist already."""
+    after ``position``) with the ``verifier`` of the standby's secret. Raises
+    ``ReplicationRefused`` when ``max_slots`` exist already, or when the slot belongs to a
+    standby with another secret (a slot made by older partq takes the first one offered)."""
     slots = read_slots(w)
     slot = slots.get(standby_id)
     if slot is None:
@@ -102,13 +120,33 @@ def register(w, standby_id: str, position: int, address: str, max_slots: int) ->
             raise ReplicationRefused(
                 f"the primary has {len(slots)} replication slots, its limit (max_slots); drop an "
                 f"unused one with `partq dr drop-slot ID` (see `partq dr slots`)")
-        slot = slots[standby_id] = Slot(standby_id, position, time.time(), 0.0, address)
+        slot = slots[standby_id] = Slot(standby_id, position, time.time(), 0.0, address, verifier)
+    elif slot.verifier is None:
+        slot.verifier = verifier
+    elif verifier is None or not hmac.compare_digest(verifier, slot.verifier):
+        raise ReplicationRefused(
+            f"the replication slot of standby {standby_id} belongs to the standby that made it, "
+            f"which proves a secret this connection does not: if this is that standby, restored "
+            f"from an older copy of its directory or run by an older partq, drop the slot with "
+            f"`partq dr drop-slot {standby_id}` on the primary (it then starts again from a "
+            f"snapshot); a new standby must not reuse another's directory or id")
     slot.address = address
     invalid = read_invalidated(w)
     if invalid.pop(standby_id, None) is not None:
         w.put_local_meta(INVALID_KEY, msgpack.packb(invalid))
     write_slots(w, slots, keep_log=True)
     return slot
+
+
+def note_snapshot(w, standby_id: str, lsn: int, proof: bytes) -> None:
+    """Record, before it is sent, that a snapshot at ``lsn`` goes to standby ``standby_id`` with
+    a proof whose hash is ``proof`` (the proof comes after the last chunk, so only a standby
+    that read it all holds it: ``supersede``)."""
+    slots = read_slots(w)
+    slot = slots.get(standby_id)
+    if slot is not None:            # dropped meanwhile: nothing to record
+        slot.snapshot_lsn, slot.snapshot_proof = lsn, proof
+        write_slots(w, slots, keep_log=True)
 
 
 def record_acks(w, acks: dict[str, tuple[int, float]], keep_log: bool) -> None:
@@ -179,19 +217,23 @@ def needs_maintenance(r, max_keep: int, keep_log: bool) -> bool:
         or change_log_bytes(r) > max_keep
 
 
+def remove_slot(w, standby_id: str) -> bool:
+    """In a write transaction: remove a standby's slot and trim what only it kept; False when
+    there is none."""
+    slots = read_slots(w)
+    if slots.pop(standby_id, None) is None:
+        return False
+    # the key stays (empty) for a sync-mode primary's sake: the process that serves or
+    # writes removes it when nothing needs the change log any more
+    write_slots(w, slots, keep_log=True)
+    w.trim_changes(_trim_point(w, slots))
+    return True
+
+
 def drop_slot(store, standby_id: str) -> bool:
     """Remove a standby's slot and trim what only it kept; False when there is none. A
     standby still running comes back with a new slot and starts from a snapshot."""
-    def op(w):
-        slots = read_slots(w)
-        if slots.pop(standby_id, None) is None:
-            return False
-        # the key stays (empty) for a sync-mode primary's sake: the process that serves or
-        # writes removes it when nothing needs the change log any more
-        write_slots(w, slots, keep_log=True)
-        w.trim_changes(_trim_point(w, slots))
-        return True
-    return store.write(op)
+    return store.write(lambda w: remove_slot(w, standby_id))
 
 
 def list_slots(store) -> list[dict]:

@@ -4,7 +4,10 @@ starts from.
 Primary side (``SnapshotSender``): at most one snapshot in flight per listener. A compact copy
 is taken from one read transaction (``Store.snapshot``: writers go on) into a private temporary
 directory inside the primary's own data directory (mode 0700, removed when sent), then streamed
-in chunks with its size up front and its crc32c at the end. A standby waiting for its turn, or
+in chunks with its size up front and its crc32c at the end, beside a random proof whose hash
+the standby's slot records first (``slots.note_snapshot``): the standby keeps the proof, so
+once promoted it can show its old primary that it read that snapshot whole (``supersede``),
+even when the primary never heard its ack. A standby waiting for its turn, or
 for the copy, gets ``wait`` frames, so neither side mistakes the pause for a dead link; one that
 stops reading loses its connection, and its turn, after ``SEND_TIMEOUT``.
 
@@ -25,16 +28,20 @@ import tempfile
 import threading
 
 import crc32c
+import msgpack
 
 from partq.errors import FrameError
+from partq.replication import slots
 from partq.replication.protocol import (
     MAX_FRAME,
+    SECRET_BYTES,
     SNAPSHOT_CHUNK,
     bytes_field,
     expect,
     int_field,
     lsn_field,
 )
+from partq.replication.supersede import SNAPSHOT_PROOF, verifier
 from partq.storage.encoding import pack_u64
 from partq.wire.frames import recv_frame, send_frame
 
@@ -80,8 +87,9 @@ class SnapshotSender:
         self._stop = stop
         self._turn = threading.Lock()
 
-    def send(self, sock: socket.socket) -> int:
-        """Send a snapshot; return the LSN it holds (the standby continues after it)."""
+    def send(self, sock: socket.socket, standby_id: str) -> int:
+        """Send a snapshot to standby ``standby_id``; return the LSN it holds (the standby
+        continues after it)."""
         while not self._turn.acquire(timeout=WAIT_FRAME_EVERY):
             if self._stop.is_set():
                 raise FrameError("the primary is closing")
@@ -90,7 +98,9 @@ class SnapshotSender:
         try:
             tmp = _temp_dir(self.store.path)
             lsn = self._copy(sock, tmp)
-            return self._stream(sock, os.path.join(tmp, "data.mdb"), lsn)
+            proof = os.urandom(SECRET_BYTES)
+            self.store.write(lambda w: slots.note_snapshot(w, standby_id, lsn, verifier(proof)))
+            return self._stream(sock, os.path.join(tmp, "data.mdb"), lsn, proof)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -123,7 +133,7 @@ class SnapshotSender:
             raise result[0]
         return result[0]
 
-    def _stream(self, sock: socket.socket, path: str, lsn: int) -> int:
+    def _stream(self, sock: socket.socket, path: str, lsn: int, proof: bytes) -> int:
         size = os.path.getsize(path)
         with self.store.read() as r:
             entry = r.change(lsn) if lsn else None
@@ -136,16 +146,17 @@ class SnapshotSender:
             while chunk := f.read(SNAPSHOT_CHUNK):
                 crc = crc32c.crc32c(chunk, crc)
                 send_frame(sock, {"type": "chunk", "data": chunk})
-        send_frame(sock, {"type": "snapshot_end", "crc": crc})
+        send_frame(sock, {"type": "snapshot_end", "crc": crc, "proof": proof})
         sock.settimeout(previous)
         log.info("sent a %d-byte snapshot at LSN %d", size, lsn)
         return lsn
 
 
-def receive_snapshot(sock: socket.socket, header: dict, store) -> tuple[str, int, int | None]:
+def receive_snapshot(sock: socket.socket, header: dict, store) \
+        -> tuple[str, int, int | None, bytes | None]:
     """Receive the snapshot ``header`` announced into a new temporary directory of the standby's
-    store; return (directory, LSN, crc32c of the change-log entry at that LSN or None). The
-    caller installs it and removes the directory."""
+    store; return (directory, LSN, crc32c of the change-log entry at that LSN or None, the
+    snapshot's proof or None). The caller installs it and removes the directory."""
     size = int_field(header, "size", 1, 1 << 62)
     if size > store.max_map_size:
         raise FrameError(f"the primary's snapshot of {size} bytes passes this standby's "
@@ -180,30 +191,39 @@ def receive_snapshot(sock: socket.socket, header: dict, store) -> tuple[str, int
             os.fsync(f.fileno())
         if got != size or crc != int_field(frame, "crc", 0, (1 << 32) - 1):
             raise FrameError("snapshot failed its checksum")
-        return tmp, lsn, crc_at
+        proof = frame.get("proof")
+        if proof is not None and (not isinstance(proof, bytes) or len(proof) != SECRET_BYTES):
+            raise FrameError("malformed snapshot proof")
+        return tmp, lsn, crc_at, proof
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def install_snapshot(store, snapshot_dir: str, lsn: int, crc_at: int | None = None) -> None:
+def install_snapshot(store, snapshot_dir: str, lsn: int, crc_at: int | None = None,
+                     proof: bytes | None = None) -> None:
     """Load a received snapshot. It is copied into the live store in one transaction (readers
     never see a closed or half-loaded store, and a crash leaves the previous state), together
-    with this standby's own meta keys; the snapshot brings the primary's timeline history."""
+    with this standby's own meta keys (its id and slot secret stay its own); the snapshot
+    brings the primary's timeline history."""
     with store.read() as r:
         standby_id, followed = r.meta(b"standby_id"), r.meta(b"followed")
+        secret = r.meta(b"supersede_secret")
     store.install_snapshot(snapshot_dir, {
         b"slots": None, b"slots_invalidated": None, b"role": b"standby",
         b"applied_lsn": pack_u64(lsn), b"standby_id": standby_id, b"followed": followed,
         b"applied_crc": None if crc_at is None else pack_u64(crc_at),
-        b"superseded": None, b"fence_primary": None})
+        b"superseded": None, b"fence_primary": None, b"fence_error": None,
+        b"supersede_secret": secret,
+        SNAPSHOT_PROOF: None if proof is None else msgpack.packb([lsn, proof])})
 
 
 @contextlib.contextmanager
 def received(sock: socket.socket, header: dict, store):
-    """``receive_snapshot`` as a context: yields (directory, LSN, crc) and removes it after."""
-    tmp, lsn, crc_at = receive_snapshot(sock, header, store)
+    """``receive_snapshot`` as a context: yields (directory, LSN, crc, proof) and removes it
+    after."""
+    tmp, lsn, crc_at, proof = receive_snapshot(sock, header, store)
     try:
-        yield tmp, lsn, crc_at
+        yield tmp, lsn, crc_at, proof
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 The standby connects (TLS when given a context), runs the client side of ``partq.wire``'s
 handshake (with a token it checks the primary's proof too, so an impostor cannot feed it a
-store), and says what it holds: its id, applied LSN, timeline and that commit's checksum. It
+store), and says what it holds: its id, applied LSN, timeline and that commit's checksum, and
+the hash of its slot secret (``supersede``: made before its first connection, kept through
+snapshots and promotion, so that once promoted it can prove it followed this primary). It
 refuses to follow a primary whose history does not contain its own (``timeline``), as the
 primary refuses it. Then it applies each frame of changes in one transaction that also records
 the new applied LSN (``Writer.apply``, next to the methods that recorded the changes), so a
@@ -12,6 +14,7 @@ entry larger than a frame arrives in parts and is applied once whole.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -29,11 +32,13 @@ from partq.errors import (
     ReplicationRefused,
 )
 from partq.replication import timeline
+from partq.replication.fencer import FENCE_ERROR, FENCE_TARGET
 from partq.replication.protocol import (
     HANDSHAKE_TIMEOUT,
     LINK_TIMEOUT,
     MAX_FRAME,
     ROLE,
+    SECRET_BYTES,
     ReplicationOptions,
     bytes_field,
     expect,
@@ -44,7 +49,7 @@ from partq.replication.protocol import (
 )
 from partq.replication.snapshot import install_snapshot, received, remove_leftovers
 from partq.replication.status import ReplicationStatus, u64
-from partq.replication.supersede import FENCE_TARGET
+from partq.replication.supersede import SECRET, verifier
 from partq.storage.encoding import pack_u64
 from partq.storage.writer import decode_change
 from partq.wire.frames import parse_address, recv_frame, send_frame
@@ -90,6 +95,14 @@ class StandbyFollower:
         self.store.write(lambda w: w.put_local_meta(b"standby_id", sid.encode()))
         return sid
 
+    def _verifier(self) -> bytes:
+        """The hash of this standby's slot secret (the secret is made at the first call)."""
+        secret = self._meta(SECRET)
+        if secret is None:
+            secret = os.urandom(SECRET_BYTES)
+            self.store.write(lambda w: w.put_local_meta(SECRET, secret))
+        return verifier(secret)
+
     def _position(self) -> tuple[timeline.History, int | None, int | None]:
         """(history, applied LSN or None, crc32c of the applied entry or None)."""
         with self.store.read() as r:
@@ -119,7 +132,8 @@ class StandbyFollower:
                 history, applied, crc = self._position()
                 client_handshake(sock, ROLE, self.options.token, HANDSHAKE_TIMEOUT,
                                  standby_id=self._standby_id(), applied_lsn=applied,
-                                 timeline=timeline.current(history), applied_crc=crc)
+                                 timeline=timeline.current(history), applied_crc=crc,
+                                 verifier=self._verifier())
                 sock.settimeout(LINK_TIMEOUT)
                 backoff = 0.05
                 self._follow(sock)
@@ -157,8 +171,8 @@ class StandbyFollower:
             if what == "wait":
                 continue
             if what == "snapshot":
-                with received(sock, frame, self.store) as (tmp, lsn, crc_at):
-                    install_snapshot(self.store, tmp, lsn, crc_at)
+                with received(sock, frame, self.store) as (tmp, lsn, crc_at, proof):
+                    install_snapshot(self.store, tmp, lsn, crc_at, proof)
                 log.info("standby loaded a %d-byte snapshot at LSN %d", frame["size"], lsn)
                 continue
             if what == "part":
@@ -268,10 +282,17 @@ class StandbyFollower:
             self._thread.join(timeout=10)
 
 
+def followed(store) -> str | None:
+    """The address of the primary this standby follows (or followed, once promoted)."""
+    with store.read() as r:
+        raw = r.meta(FOLLOWED)
+    return None if raw is None else raw.decode(errors="replace")
+
+
 def promote_store(w) -> int:
     """Make a standby's store a primary's (in one write transaction): its LSN continues from
     what it applied, on a new timeline; the primary it followed is to be told it is superseded
-    (``supersede.FENCE_TARGET``). Returns that LSN."""
+    (``fencer.FENCE_TARGET``). Returns that LSN."""
     applied = w.meta(b"applied_lsn")
     lsn = max(u64(w.meta(b"lsn")), u64(applied))
     w.put_local_meta(b"lsn", pack_u64(lsn))
@@ -280,4 +301,5 @@ def promote_store(w) -> int:
     followed = w.meta(FOLLOWED)
     if followed is not None:
         w.put_local_meta(FENCE_TARGET, followed)
+        w.delete_local_meta(FENCE_ERROR)
     return lsn

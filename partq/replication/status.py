@@ -37,6 +37,8 @@ class ReplicationStatus:
     tls: bool | None = None
     last_error: str | None = None       # standby: why its last link ended (or was refused)
     superseded: bool = False            # primary: a standby of it was promoted; it refuses writes
+    fence_pending: str | None = None    # promoted primary: the old primary not told yet
+    fence_error: str | None = None      # why the last attempt to tell it failed
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

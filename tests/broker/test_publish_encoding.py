@@ -50,8 +50,8 @@ def expected(item, expires):
         return None
     try:
         record = encode_record(NOW, key, hdrs, bytes(payload), expires)
-    except (TypeError, ValueError):
-        return None
+    except (TypeError, ValueError, OverflowError):  # a header msgpack cannot hold (an int past
+        return None                                 # 64 bits): refused as encode_one refuses it
     return (None if key is None else crc32c.crc32c(key.encode())), record
 
 

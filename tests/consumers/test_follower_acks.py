@@ -131,6 +131,6 @@ def test_a_dead_owners_socket_is_not_knocked_on_once_its_lock_is_free(tmp_path):
     dead.bind(path)                     # the file stays: connecting to it is refused
     dead.close()
     with pytest.raises(partq.OwnerLost, match="no process delivers queue 'q'"):
-        OwnerLink(data, "q", qid, lambda frame: None, lambda: None, lambda: [])
+        OwnerLink(data, "q", qid, 10.0, lambda frame: None, lambda: None, lambda: [])
     with partq.Broker.open(data) as b:   # and a bind takes delivery over
         assert b.bind("q").partitions == frozenset({0, 1})

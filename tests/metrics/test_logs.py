@@ -114,9 +114,19 @@ def test_scaling_steps_and_the_open_report_are_logged(data_dir, clock, caplog):
 
 
 def test_replication_links_and_lag_alarms_are_logged(tmp_path, caplog, monkeypatch):
+    """Each step waits for what the next one needs, not for time: the standby must have
+    confirmed the primary's head before it goes (a standby closed while it still loads its
+    snapshot has confirmed nothing, and a lag of nothing confirmed is not measured: under
+    load no alarm came), and the primary must have seen it go before the publish whose lag
+    raises the alarm (or the alarm may come first and say the link is up)."""
     monkeypatch.setattr(link_watch, "WATCH_INTERVAL", 0.02)
     monkeypatch.setattr(link_watch, "LAG_ALARM_SECONDS", 0.05)
     caplog.set_level(logging.INFO, logger="partq")
+
+    def confirmed_head() -> bool:
+        st = primary.replication_status()
+        return bool(st.standbys) and 0 <= st.standbys[0].acked_lsn == st.head_lsn
+
     with partq.Broker.open(tmp_path / "primary", replication_listen="127.0.0.1:0") as primary:
         primary.create_queue("q", partitions=1)
         standby = partq.Broker.open(tmp_path / "standby", standby_of=primary.replication_address)
@@ -127,16 +137,18 @@ def test_replication_links_and_lag_alarms_are_logged(tmp_path, caplog, monkeypat
             wait_until(lambda: [m for m in lines(caplog, "partq.replication")
                                 if f"replication link to primary {primary.replication_address} "
                                    f"is up" in m], 30, "the standby's line for its link")
+            wait_until(confirmed_head, 30, "the standby to confirm the primary's head")
         finally:
             standby.close()
-        primary.publish("q", b"not on the standby")     # nobody confirms it: the lag grows
-        alarm = wait_until(lambda: [r for r in caplog.records
-                                    if "replication lag alarm: standby" in r.getMessage()],
-                           30, "a lag alarm")
-        assert alarm[0].levelname == "WARNING" and "not connected" in alarm[0].getMessage()
         wait_until(lambda: [m for m in lines(caplog, "partq.replication")
                             if "replication link to standby" in m and "is down" in m],
                    30, "the link's down line")
+        primary.publish("q", b"not on the standby")     # nobody confirms it: the lag grows
+        alarm = wait_until(lambda: [r for r in caplog.records
+                                    if "replication lag alarm: standby" in r.getMessage()
+                                    and "not connected" in r.getMessage()],
+                           30, "a lag alarm")
+        assert alarm[0].levelname == "WARNING"
         with partq.Broker.open(tmp_path / "standby", standby_of=primary.replication_address):
             wait_until(lambda: [m for m in lines(caplog, "partq.replication")
                                 if "replication lag of standby" in m and "is back to" in m],

@@ -46,7 +46,9 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def _raw(address: str) -> socket.socket:
+def raw_session(address: str) -> socket.socket:
+    """A connection to ``partq serve`` at ``address`` past its handshake (with ``TOKEN``), on
+    which a test writes frames of its own making."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
     client_handshake(sock, "serve", TOKEN.encode(), 10, pid=os.getpid(), host="attacker")
@@ -105,7 +107,7 @@ class Attacks:
         request = encode_frame({"op": "status", "req": 0, "queue": "q", "pad": b"p" * 60_000})
         while not self.stop.is_set():
             try:
-                sock = _raw(self.address)
+                sock = raw_session(self.address)
             except (OSError, partq.PartqError):     # refused while the trickle holds every
                 self.stop.wait(0.2)                 # connection slot: try again
                 continue
@@ -133,7 +135,7 @@ class Attacks:
             if self.stop.is_set():
                 return
             try:
-                sock = self._keep(_raw(self.address))
+                sock = self._keep(raw_session(self.address))
                 sock.sendall(frame)
                 sock.settimeout(30)
                 while sock.recv(65536):
@@ -144,7 +146,7 @@ class Attacks:
             self.stop.wait(0.2)
 
     def hoarder(self) -> None:
-        sock = self._keep(_raw(self.address))
+        sock = self._keep(raw_session(self.address))
         sock.sendall(encode_frame({"op": "bind", "req": 1, "queue": "backlog", "name": "hoarder"}))
         self.seen["hoarder_bound"] += 1
         while not self.stop.is_set():            # beats keep it alive; deliveries are never read

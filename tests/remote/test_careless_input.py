@@ -76,13 +76,12 @@ def test_ssl_true_means_the_default_context_and_nonsense_is_refused():
 @pytest.mark.parametrize("op, ids", [("ack", [["0", 1]]), ("ack", [[0, None]]), ("ack", [[True, 0]]),
                                      ("ack", [[0]]), ("ack", ["x"]), ("nack", [0]),
                                      ("reject", None)])
-def test_an_ack_that_names_no_message_ends_its_session_with_the_reason(tmp_path, caplog, op, ids):
-    """Acks name ``[partition, seq]`` pairs of integers; anything else is not a request: the
-    session ends, and the log says why (it used to be an exception out of the session's
-    thread, or an ack taken for a string's int)."""
+def test_an_ack_that_names_no_message_is_refused_and_the_session_goes_on(tmp_path, op, ids):
+    """Acks name ``[partition, seq]`` pairs of integers; anything else is refused with
+    ``InvalidAck`` saying so, and nothing changes: the flow keeps its message, and the
+    connection its flow (it once was an exception out of the session's thread, or an ack taken
+    for a string's int; then the end of the session)."""
     import socket
-
-    from helpers import wait_until
 
     from partq.remote.server import Server
     from partq.wire.frames import read_frame, send_frame
@@ -92,21 +91,27 @@ def test_an_ack_that_names_no_message_ends_its_session_with_the_reason(tmp_path,
         broker.publish("q", b"m")
         server = Server(broker, "127.0.0.1:0", token=TOKEN.encode())
         try:
-            with caplog.at_level(logging.INFO, logger="partq.server"):
-                host, port = server.address.rsplit(":", 1)
-                with socket.create_connection((host, int(port)), timeout=30) as sock:
-                    client_handshake(sock, "serve", TOKEN.encode(), 30)
-                    stream = sock.makefile("rb")
-                    send_frame(sock, {"op": "bind", "req": 1, "queue": "q"})
-                    frames = [read_frame(stream) for _ in range(2)]
-                    flow = next(f["flow"] for f in frames if f.get("op") == "bound")
-                    request = {"op": op, "req": 2, "flow": flow}
-                    request.update({"ids": ids} if op == "ack" else {"id": ids})
-                    send_frame(sock, request)
-                    wait_until(lambda: any("disconnected" in r.getMessage()
-                                           for r in caplog.records), 30, "the session ended")
-            line = next(r.getMessage() for r in caplog.records if "disconnected" in r.getMessage())
-            assert "[partition, seq] pairs" in line
-            assert broker.queue_status("q").partitions[0].unacked == 0   # unbound: back
+            host, port = server.address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                client_handshake(sock, "serve", TOKEN.encode(), 30)
+                stream = sock.makefile("rb")
+
+                def frame_where(cond) -> dict:
+                    return next(f for f in iter(lambda: read_frame(stream), None) if cond(f))
+
+                def answer(req: int) -> dict:
+                    return frame_where(lambda f: f.get("req") == req)
+                send_frame(sock, {"op": "bind", "req": 1, "queue": "q"})
+                flow = answer(1)["flow"]
+                frame_where(lambda f: f.get("op") == "deliver")       # the message is in flight
+                request = {"op": op, "req": 2, "flow": flow}
+                request.update({"ids": ids} if op == "ack" else {"id": ids})
+                send_frame(sock, request)
+                refused = answer(2)
+                assert refused["error"] == "InvalidAck" and "[partition, seq]" in refused["message"]
+                send_frame(sock, {"op": "status", "req": 3, "queue": "q"})
+                status = answer(3)["status"]
+            assert [f["flow"] for f in status["flows"]] == [flow]
+            assert status["partitions"][0]["unacked"] == 1       # not acked, not given back
         finally:
             server.close()

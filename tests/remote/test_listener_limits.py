@@ -144,8 +144,8 @@ def test_trickling_peers_never_keep_a_standby_out(tmp_path):
                                    replication_token=TOKEN.decode()) as standby:
                 wait_until(lambda: standby.replication_status().connected, 60,
                            "the standby connected past the trickling peers")
-                # connected comes before the snapshot is applied: the queue may not be there yet
-                wait_until(lambda: "q" in [c.name for c in standby.queues()]
+                # connected comes before the snapshot is loaded: until then there is no queue
+                wait_until(lambda: any(c.name == "q" for c in standby.queues())
                            and standby.queue_status("q").depth == 1, 60, "the standby caught up")
         finally:
             trickle.close()

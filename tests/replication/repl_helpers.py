@@ -33,7 +33,8 @@ PAYLOAD_SIZE = 256
 # meta keys that are bookkeeping of one side only (never replicated, see storage/txn.py)
 LOCAL_META = {b"lsn", b"slots", b"role", b"applied_lsn", b"applied_time_ns", b"standby_id",
               b"timeline", b"timelines", b"applied_crc", b"slots_invalidated", b"followed",
-              b"fence_primary", b"superseded"}
+              b"fence_primary", b"fence_error", b"superseded", b"supersede_secret",
+              b"snapshot_proof"}
 # databases whose content must be identical on a standby that caught up
 REPLICATED_DBS = ("queues", "heads", "acks", "log", "state")
 

@@ -108,13 +108,14 @@ class RawStandby:
 
     def __init__(self, address: str, standby_id: str, token: str | None = TOKEN,
                  applied_lsn: int | None = None, timeline: str | None = None,
-                 context: ssl.SSLContext | None = None) -> None:
+                 context: ssl.SSLContext | None = None, **hello) -> None:
         host, port = host_port(address)
         sock = socket.create_connection((host, port), timeout=10)
         if context is not None:
             sock = context.wrap_socket(sock, server_hostname=host)
         client_handshake(sock, "replication", token.encode() if token else None, 10,
-                         standby_id=standby_id, applied_lsn=applied_lsn, timeline=timeline)
+                         standby_id=standby_id, applied_lsn=applied_lsn, timeline=timeline,
+                         **hello)
         sock.settimeout(30)
         self.sock = sock
         self.start = recv_frame(sock, MAX_FRAME)

@@ -1,6 +1,8 @@
 """Helpers of the store tests (tests/storage is on sys.path through pytest's ``pythonpath``):
-a queue made by hand, records appended and read back."""
+a queue made by hand, records appended and read back, a disk filled up."""
 from __future__ import annotations
+
+import os
 
 from partq.storage import decode_record, encode_record
 
@@ -35,3 +37,25 @@ def payloads_of(store, qid, p, start=0, limit=1 << 30, queue="q") -> dict[int, b
 def head(store, qid, p=0) -> int:
     with store.read() as r:
         return r.head(qid, p)
+
+
+def fill(path, leave: int = 0) -> None:
+    """Write ``path`` until the disk holding it has no byte left, then give back ``leave``
+    bytes of it (a disk nearly full)."""
+    with open(path, "wb", buffering=0) as f:
+        chunk = b"\0" * (64 << 10)
+        while True:
+            try:
+                f.write(chunk)
+            except OSError:
+                break
+        while chunk:        # the last bytes the disk has
+            chunk = chunk[:len(chunk) // 2]
+            try:
+                f.write(chunk)
+            except OSError:
+                continue
+    assert os.statvfs(path).f_bavail == 0
+    if leave:
+        os.truncate(path, os.path.getsize(path) - leave)
+        assert os.statvfs(path).f_bavail * os.statvfs(path).f_frsize >= leave

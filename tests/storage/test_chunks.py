@@ -159,3 +159,39 @@ def test_chunks_close_where_the_record_by_record_rule_closes_them(first, runs):
     assert [last for last, _ in got] == [last for last, _ in want]
     assert [recs for _, (_, recs) in got] == [recs for _, recs in want]
     assert [start for _, (start, _) in got] == [first] + [last + 1 for last, _ in want[:-1]]
+
+
+# A chunk whose key was damaged (a flipped bit): the entry for seqs 100..199 of three chunks of
+# 100 is put back under another key. Reading the partition then yields every seq once, in order,
+# with b"" (a corrupt record) for exactly the seqs whose chunk is not where it must be.
+DAMAGED_KEYS = {
+    "high bit of its last seq": (0, (1 << 40) + 199),        # sorts after every other chunk
+    "last seq below its first": (0, 50),                     # sorts before the chunk before it
+    "last seq inside its range": (0, 150),                   # ends before its records do
+    "last seq inside the next chunk": (0, 250),              # overlaps the chunk after it
+    "another partition": (1, 199),                           # leaves a gap in its own
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGED_KEYS))
+def test_a_chunk_under_a_damaged_key_is_read_as_corrupt_records(store, how):
+    qid = _queue(store)
+    for lo in (0, 100, 200):
+        store.write(lambda w, lo=lo: w.append(qid, 0, [encode_record(i, None, None, b"x")
+                                                        for i in range(lo, lo + 100)]))
+    partition, last = DAMAGED_KEYS[how]
+    with store.env.begin(write=True, db=store.dbs["log"]) as txn:
+        value = txn.pop(log_key(qid, 0, 199))
+        txn.put(log_key(qid, partition, last), value)
+    with store.read() as r:
+        got = r.records(qid, 0, 0, 10_000)
+        assert [s for s, _ in got] == list(range(300))
+        assert [s for s, raw in got if raw == b""] == list(range(100, 200))
+        assert r.records(qid, 0, 120, 5) == [(s, b"") for s in range(120, 125)]
+        assert [s for s, _ in r.records(qid, 0, 195, 10)] == list(range(195, 205))
+    with pytest.raises(CorruptRecord, match="seq 100: .*chunk"):
+        decode_record(got[100][1], "q", 0, 100)
+    from partq.storage.log_check import check_log  # and the check of the keys names it
+    faults = check_log(store)
+    assert faults and any(f.key == log_key(qid, partition, last) for f in faults) \
+        or any("100..199" in f.reason for f in faults), faults

@@ -2,7 +2,8 @@
 to do, acks keep working so that `partq consume --ack` drains the queue, nothing is reported as
 damaged that is not, and publishing resumes once space is freed.
 
-The mount needs the right to mount (root, or a user namespace): without it these tests skip."""
+The mount needs the right to mount (root, or a user namespace): without it these tests skip
+(``small_disk``, in conftest.py)."""
 from __future__ import annotations
 
 import base64
@@ -13,43 +14,11 @@ import sys
 
 import pytest
 from helpers import drain, wait_until
+from store_helpers import fill
 
 import partq
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 32 MiB tmpfs mounted for the test and unmounted after it."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs",
-                           str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path) -> None:
-    """Write ``path`` until the disk holding it has no byte left."""
-    with open(path, "wb", buffering=0) as f:
-        chunk = b"\0" * (64 << 10)
-        while True:
-            try:
-                f.write(chunk)
-            except OSError:
-                break
-        while chunk:        # the last bytes the disk has
-            chunk = chunk[:len(chunk) // 2]
-            try:
-                f.write(chunk)
-            except OSError:
-                continue
-    assert os.statvfs(path).f_bavail == 0
 
 
 def cli(*args, data) -> subprocess.CompletedProcess:

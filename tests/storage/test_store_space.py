@@ -150,7 +150,10 @@ def test_truncate_and_drop_partition(tmp_path, opened):
     for _ in range(4):
         append(store, qid, 0, [b"x"] * 5)     # chunks 0..4, 5..9, 10..14, 15..19
     append(store, qid, 1, [b"y"] * 5)
-    assert store.write(lambda w: w.truncate(qid, 0, 7)) == 1    # only 0..4 lies wholly below 7
+    # the ack floor moves to 7 (a log holds every seq from its floor up: truncation follows it)
+    store.write(lambda w: w.ack_through(qid, 0, 6))
+    with store.read() as r:
+        assert r.stored_count(qid, 0) == 15                     # only 0..4 lay wholly below 7
     assert store.write(lambda w: w.truncate(qid, 0, 7)) == 0
     with store.read() as r:
         assert (r.first_seq(qid, 0), r.stored_count(qid, 0)) == (5, 15)

@@ -70,6 +70,7 @@ STREAMS = {"partq inspect", "partq consume", "partq scale", "partq standby"}
 ELSEWHERE = {"partq demo": "test_tools_queue.py", "partq standby": "test_tools_dr.py",
              "partq serve": "tests/consumers/test_serve.py", "partq dr promote": "test_tools_dr.py",
              "partq dr drop-slot": "tests/replication/test_repl_slots.py",
+             "partq dr clear-superseded": "tests/replication/test_repl_supersede_proof.py",
              "partq top": "tests/metrics/test_serve_metrics.py"}
 
 

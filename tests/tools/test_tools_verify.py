@@ -19,7 +19,8 @@ def test_verify_a_clean_store(run, broker):
     broker.publish_many("b", [b"y"] * 5)
     assert "checked 55 records in 2 queues: all intact" in ok(run("verify")).stdout
     doc = json.loads(ok(run("verify", "--json")).stdout)
-    assert doc == {"checked": 55, "queues": {"a": 50, "b": 5}, "corrupt": [], "ok": True}
+    assert doc == {"checked": 55, "queues": {"a": 50, "b": 5}, "corrupt": [], "damaged_pages": [],
+                   "records_checked": True, "ok": True}
     assert json.loads(ok(run("verify", "b", "--json")).stdout)["checked"] == 5
 
 

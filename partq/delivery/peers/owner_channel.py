@@ -1,7 +1,8 @@
 """The control channel between the process that owns a queue's delivery and the other processes
 of the host that bind flows to it (rules `peer-flows`, `owner-takeover` and `liveness`): a Unix socket in the
 directory, ``DIR/delivery-locks/<queue id>.sock``, readable and writable by the directory's owner only
-(mode 0600 in a 0700 folder, and every peer's uid checked with SO_PEERCRED).
+(mode 0600 in a 0700 folder), and each side checks with SO_PEERCRED that the process at the other
+end runs as the same user before it sends anything (``check_served_by_this_user``).
 
 Only coordination crosses it; messages do not. A flow of another process reads and acks its
 partitions in LMDB itself (``peers.peer_delivery``): the owner runs the rebalancer and tells it nothing
@@ -25,6 +26,12 @@ Frames are ``partq.wire``'s (length, crc32c, msgpack). Client -> owner::
     "reason"}, {"op": "error", "req", "error", "message", and the error's fields} (the error's
     ``to_frame()``; the client raises ``partq.wire.error_frames.error_from_frame`` of it)
 
+Every field of every request is checked where it arrives (``control_requests``): types, lengths
+and ranges as partq's own client sends them. A request that fails a check does nothing and is
+answered with the typed error (``InvalidConfig``, ``ProtocolMismatch``), as any refused request
+is; a bad hello, a frame that is not a map or an unknown request also ends the connection.
+A connection may unbind, and report the counts of, only the flows it bound itself.
+
 Liveness: a connection that closes unbinds its flows at once (rule `liveness`: no distinction
 between an unbind and a disconnect); one that sends nothing, not even a beat, for the queue's
 ``consumer_timeout`` is closed by the owner, which unbinds its flows the same way.
@@ -33,24 +40,22 @@ from __future__ import annotations
 
 import logging
 import os
-import queue as queue_module
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
 
-from partq.errors import FrameError, PartqError
-from partq.message import FlowChangeUpdate
+from partq.delivery.peers import control_requests
+from partq.delivery.peers.control_connection import MAX_CONTROL_FRAME, SEND_TIMEOUT, Connection
+from partq.delivery.peers.control_requests import VERSION
+from partq.errors import FrameError, PartqError, UnsafeDirectory
 from partq.wire.error_frames import error_frame
-from partq.wire.frames import printable, recv_frame, send_frame
+from partq.wire.frames import recv_frame, send_frame
 
 log = logging.getLogger("partq.delivery")
 
-VERSION = 1
-MAX_CONTROL_FRAME = 1 << 20
 ACCEPT_POLL = 0.25
-SEND_TIMEOUT = 5            # seconds a send to a peer that stopped reading may block
 PAUSED_AFTER = 2 * ACCEPT_POLL   # a longer gap between liveness checks: this process was paused
 
 
@@ -68,6 +73,7 @@ def query_view(store_path: str, qid: int) -> dict | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(2.0)
             sock.connect(address.address)
+            check_served_by_this_user(sock, path)
             send_frame(sock, {"op": "hello", "v": VERSION, "pid": os.getpid(),
                               "host": socket.gethostname()})
             send_frame(sock, {"op": "view", "req": 1})
@@ -76,6 +82,10 @@ def query_view(store_path: str, qid: int) -> dict | None:
                 if isinstance(frame, dict) and frame.get("op") == "view":
                     return frame.get("view")
     except (OSError, FrameError):
+        return None
+    except UnsafeDirectory:
+        # served by another user: the directory's own owner when this process only reads it,
+        # else a socket another user left (``silent_owner_warning`` tells which)
         return None
     finally:
         address.close()
@@ -87,6 +97,13 @@ def silent_owner_warning(store_path: str, qid: int, owner: str) -> str | None:
     control socket did not answer (``query_view`` gave None): flows of other processes wait for
     it. None when this process may not reach the socket (another user: not the owner's fault)."""
     path = socket_path(store_path, qid)
+    stranger = foreign_socket(path, store_path)
+    if stranger is not None:
+        folder = os.path.dirname(path)
+        return (f"the control socket {path} belongs to uid {stranger}, not to the directory's "
+                f"owner: another user made it while {folder} was writable by others, and partq "
+                f"does not talk to it; stop that user's process, remove {path} and the lock file "
+                f"beside it, and keep {folder} writable by its owner only (chmod 700 {folder})")
     if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
         return None
     if process_stopped(owner):
@@ -139,81 +156,36 @@ class UnixAddress:
 
 
 def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of Unix socket ``sock`` (SO_PEERCRED: as it was
+    when that process connected, or listened)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
 
-class Connection:
-    """One client process's connection, on the owner's side."""
+def check_served_by_this_user(sock: socket.socket, path: str) -> None:
+    """Before anything is sent over ``sock``, connected to the control socket ``path``: raise
+    ``UnsafeDirectory`` when the process that serves it runs as another user. Only a folder
+    others could write to (a misconfiguration ``Broker.open`` refuses now) lets another user
+    put a socket there, and what a process says to it (its flows, its pid) is not theirs."""
+    uid = peer_uid(sock)
+    if uid != os.geteuid():
+        folder = os.path.dirname(path)
+        raise UnsafeDirectory(
+            f"the control socket {path} is served by a process of uid {uid}, not of this user "
+            f"(uid {os.geteuid()}): partq talks to no other user's process. Another user made it "
+            f"while {folder} was writable by others: stop that process, remove {path} and the "
+            f"lock file beside it, and keep {folder} writable by its owner only "
+            f"(chmod 700 {folder})")
 
-    def __init__(self, server: ControlServer, sock: socket.socket) -> None:
-        self.server = server
-        self.sock = sock
-        self.flows: set[str] = set()
-        self.client = "a process"
-        self.since = time.time()
-        self.last_seen = time.monotonic()
-        self._outbox: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._closed = threading.Event()
 
-    # PeerSink: called under the dispatcher's lock, so they only queue a frame
-    def event(self, flow_id: str, update: FlowChangeUpdate) -> None:
-        self.push({"op": "event", "flow": flow_id, "active": update.active,
-                   "partitions": sorted(update.partitions)})
-
-    def closed(self, flow_id: str, reason: str) -> None:
-        self.flows.discard(flow_id)
-        self.push({"op": "closed", "flow": flow_id, "reason": reason})
-
-    def push(self, frame: dict) -> None:
-        if not self._closed.is_set():
-            self._outbox.put(frame)
-
-    def heartbeat_age(self) -> float:
-        return time.monotonic() - self.last_seen
-
-    def close(self) -> None:
-        """End the connection once what is queued for it is sent (a peer that stopped reading
-        holds that up for at most the send timeout)."""
-        if not self._closed.is_set():
-            self._closed.set()
-            self._outbox.put(None)
-
-    def write_loop(self) -> None:
-        try:
-            while True:
-                frame = self._outbox.get()
-                if frame is None:
-                    break
-                send_frame(self.sock, frame)
-        except OSError:
-            self._closed.set()
-        finally:
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def read_loop(self) -> None:
-        try:
-            while True:
-                frame = recv_frame(self.sock, MAX_CONTROL_FRAME)
-                self.last_seen = time.monotonic()
-                if not isinstance(frame, dict):
-                    raise FrameError("a control frame must be a map")
-                self.server.handle(self, frame)
-        except (FrameError, OSError) as exc:
-            if not self._closed.is_set() and not self.server.stopping:
-                # a process that only asked for a status leaves every time: not news
-                level = logging.INFO if self.flows else logging.DEBUG
-                log.log(level, "delivery client %s of queue %r disconnected: %s", self.client,
-                        self.server.queue, exc)
-        except Exception:  # a bug ends this connection only, visibly
-            log.exception("control connection of %s failed", self.client)
-        finally:
-            self.close()
-            self.server.disconnected(self)
-            self.sock.close()
+def foreign_socket(path: str, store_path: str) -> int | None:
+    """The owner of the control socket ``path`` when that is not the owner of the directory
+    ``store_path`` (a socket another user left there); None otherwise or when either is gone."""
+    try:
+        uid = os.stat(path).st_uid
+        return uid if uid != os.stat(store_path).st_uid else None
+    except OSError:
+        return None
 
 
 class ControlServer:
@@ -258,9 +230,11 @@ class ControlServer:
                 continue
             except OSError:
                 return
-            if peer_uid(sock) != os.geteuid():
-                log.warning("refused a control connection to queue %r from another user",
-                            self.queue)
+            uid = peer_uid(sock)
+            if uid != os.geteuid():     # before anything is read from it or sent to it
+                log.warning("refused a control connection to queue %r from a process of uid %d: "
+                            "only processes of this user (uid %d) may use it", self.queue, uid,
+                            os.geteuid())
                 sock.close()
                 continue
             sock.settimeout(None)
@@ -293,51 +267,52 @@ class ControlServer:
                         conn.heartbeat_age(), timeout)
             conn.close()
 
-    def handle(self, conn: Connection, frame: dict) -> None:
-        op = frame.get("op")
-        if op == "beat":
-            return
-        if op == "hello":
-            if frame.get("v") != VERSION:
-                refused = PartqError(f"control protocol version {frame.get('v')!r} is not "
-                                     f"{VERSION}: run the same partq version in every process")
-                conn.push(error_frame(refused, req=None))
-                conn.close()
-                return
-            conn.client = f"pid {printable(frame.get('pid'))} on {printable(frame.get('host'))}"
-            conn.push({"op": "welcome", "v": VERSION,
-                       "timeout": self.dispatcher.consumer_timeout(self.queue)})
-            return
-        if op == "outstanding":
-            counts = {int(p): int(n) for p, n in frame.get("counts", [])}
-            paused, held = frame.get("paused"), frame.get("held")
-            self.dispatcher.report(self.queue, str(frame.get("flow")), counts,
-                                   None if paused is None else {int(p) for p in paused},
-                                   None if held is None else {int(h[0]): h[1:] for h in held})
-            return
-        req = frame.get("req")
+    def handle(self, conn: Connection, frame) -> None:
+        """Serve one frame of ``conn``. Its fields are checked first (``control_requests``): a
+        bad one is answered with the typed error and does nothing; a bad hello, or a frame that
+        is no request partq knows, also ends the connection (its flows are unbound, as for any
+        closing)."""
         try:
-            if op == "bind":
-                hint = frame.get("hint")
-                flow_id = self.dispatcher.bind_peer(
-                    self.queue, frame.get("name"), None if hint is None else list(hint),
-                    bool(frame.get("skip_corrupt")), conn, conn.client)
-                conn.flows.add(flow_id)
-                conn.push({"op": "bound", "req": req, "flow": flow_id})
-            elif op == "unbind":
-                flow_id = str(frame.get("flow"))
-                conn.flows.discard(flow_id)
-                self.dispatcher.unbind_peer(self.queue, flow_id)
-                conn.push({"op": "ok", "req": req})
-            elif op == "view":
-                conn.push({"op": "view", "req": req,
-                           "view": self.dispatcher.view_doc(self.queue, self.clients())})
-            else:
-                raise FrameError(f"unknown control operation {op!r}")
-        except FrameError:
-            raise                    # not an answer: the connection ends (read_loop)
+            op, req, fields = control_requests.parse(frame)
+        except PartqError as exc:
+            log.warning("queue %r: refused a control request of %s: %s", self.queue, conn.client,
+                        exc)
+            req = frame.get("req") if isinstance(frame, dict) else None
+            conn.push(error_frame(exc, req=req if control_requests.is_request_id(req) else None))
+            if control_requests.ends_connection(frame):
+                conn.close()
+            return
+        try:
+            self._serve(conn, op, req, fields)
         except PartqError as exc:
             conn.push(error_frame(exc, req=req))
+
+    def _serve(self, conn: Connection, op: str, req: int | None, fields: tuple) -> None:
+        """Carry out a checked request (``control_requests.parse``)."""
+        if op == "hello":
+            pid, host = fields
+            conn.client = f"pid {pid} on {host}"
+            conn.push({"op": "welcome", "v": VERSION,
+                       "timeout": self.dispatcher.consumer_timeout(self.queue)})
+        elif op == "outstanding":
+            flow_id, counts, paused, held = fields
+            if flow_id in conn.flows:             # only its own flows' counts
+                self.dispatcher.report(self.queue, flow_id, counts, paused, held)
+        elif op == "bind":
+            name, hint, skip_corrupt = fields
+            flow_id = self.dispatcher.bind_peer(self.queue, name, hint, skip_corrupt, conn,
+                                                conn.client)
+            conn.flows.add(flow_id)
+            conn.push({"op": "bound", "req": req, "flow": flow_id})
+        elif op == "unbind":
+            (flow_id,) = fields
+            if flow_id in conn.flows:             # only its own flows: another's is not its to end
+                conn.flows.discard(flow_id)
+                self.dispatcher.unbind_peer(self.queue, flow_id)
+            conn.push({"op": "ok", "req": req})
+        elif op == "view":
+            conn.push({"op": "view", "req": req,
+                       "view": self.dispatcher.view_doc(self.queue, self.clients())})
 
     def clients(self) -> dict[str, dict]:
         """flow id -> {client, since, heartbeat_age} of the flows of other processes."""
@@ -356,6 +331,9 @@ class ControlServer:
                 self.dispatcher.unbind_peer(self.queue, flow_id)
             except PartqError as exc:
                 log.warning("unbinding flow %s after its process left: %s", flow_id, exc)
+            except Exception:   # a bug: the other flows of the connection must go all the same
+                log.exception("unbinding flow %s of %s after its process left failed", flow_id,
+                              conn.client)
 
     def stop(self) -> None:
         """Stop serving: the clients see their connection close and take delivery over, or

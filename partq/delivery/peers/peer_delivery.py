@@ -28,6 +28,7 @@ from partq.config import QueueConfig
 from partq.delivery.cursor import flag_redelivered
 from partq.delivery.handout import Handout
 from partq.delivery.holds import Holds, read_cutover
+from partq.delivery.lock import lease_for
 from partq.delivery.outside import outside_count
 from partq.delivery.peers.link import OwnerLink
 from partq.delivery.peers.peer_acks import PeerAcks
@@ -60,8 +61,18 @@ class PeerQueue(PeerAcks):
         self._link = self._connect()
 
     def _connect(self) -> OwnerLink:
-        return OwnerLink(self.store.path, self.queue, self.qid, self._pushed, self._lost,
-                         self._due_reports)
+        return OwnerLink(self.store.path, self.queue, self.qid, self._lease(), self._pushed,
+                         self._lost, self._due_reports)
+
+    def _lease(self) -> float:
+        """The lease of the queue's delivery lock, from its settings as stored now: how long a
+        stopped owner is waited for before this process takes delivery over."""
+        with self.store.read() as r:
+            raw = r.queue(self.queue)
+        if raw is None:
+            raise errors.QueueNotFound(f"queue {self.queue!r} was deleted; bind again once it "
+                                       f"exists")
+        return lease_for(QueueConfig.from_dict(raw).consumer_timeout)
 
     def _pushed(self, frame: dict) -> None:
         """The owner pushed a FlowChangeUpdate or the closing of a flow."""
