@@ -69,9 +69,10 @@ def per_item_us(fn, items: int, seconds: float) -> float:
 def preencoded_rate(seconds: float) -> float:
     with partq_broker() as b:
         items = [(PAYLOAD, KEYS[i % 1024]) for i in range(1000)]
-        encoded = encode(b.queue_config("q"), items, time.time_ns())
+        config = b.publisher.config("q")         # the publisher's own copy: checked as is
+        encoded = encode(config, items, time.time_ns())
         write, place = b.store.write, b.publisher.place
-        return repeat_rate(lambda: write(lambda w: place(w, "q", encoded)), 1000, seconds)
+        return repeat_rate(lambda: write(lambda w: place(w, "q", encoded, config)), 1000, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
