@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import wait_until
+from helpers import drain, wait_until
 from repl_helpers import compare_stores, free_port, key, payload, read_json
 
 import partq
@@ -58,20 +58,19 @@ def _check_promoted(b: partq.Broker, ready: dict) -> None:
     # each flow gets its partitions' unacked messages (delivered on the old primary: marked
     # redelivered), in order, then the new ones
     owner = {p: name for name, parts in assignment.items() for p in parts}
+    new = [res.partition for res in [r, *many]]
     total = 0
     for name, flow in flows.items():
+        # drained until all of its partitions' messages came (not until a pause, which load
+        # can make), then until a pause, which shows no more come
+        expected = sum(ready["depths"][p] + new.count(p) for p in assignment[name])
         seen: dict[int, list[int]] = {}
-        for _ in range(50):
-            msgs = flow.receive(1000, timeout=0.2)
-            if not msgs:
-                break
-            for m in msgs:
-                assert owner[m.partition] == name
-                seen.setdefault(m.partition, []).append(m.seq)
-                if m.seq < ready["heads"][m.partition]:
-                    assert m.redelivered, m
-            flow.ack_many(msgs)
-            total += len(msgs)
+        for m in drain(flow, batch=1000, timeout=0.2, at_least=expected):
+            assert owner[m.partition] == name
+            seen.setdefault(m.partition, []).append(m.seq)
+            if m.seq < ready["heads"][m.partition]:
+                assert m.redelivered, m
+            total += 1
         for seqs in seen.values():
             assert seqs == sorted(seqs)
     assert total == sum(ready["depths"]) + 101
