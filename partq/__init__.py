@@ -11,18 +11,14 @@
 The names below load on first use, so that ``import partq.storage`` (the storage engine, which
 stands alone) does not load the broker.
 """
-from __future__ import annotations
-
-import importlib
-import logging
+import logging as _logging
 from typing import TYPE_CHECKING
 
-from partq.errors import *  # noqa: F403  (the typed errors are part of the public API)
 from partq.errors import __all__ as _error_names
 
 # a library logs; the application decides where it goes (without this, Python's last-resort
 # handler would print partq's warnings on stderr of every program that imports it)
-logging.getLogger("partq").addHandler(logging.NullHandler())
+_logging.getLogger("partq").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
 
@@ -34,15 +30,17 @@ _LAZY = {
     "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
     "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
     "connect": "partq.remote.client", "Client": "partq.remote.client",
+    **dict.fromkeys(_error_names, "partq.errors"),
 }
 
 # submodules reached as attributes, as the README does: ``partq.aio.connect(...)``
 _SUBMODULES = {"aio"}
 
-__all__ = sorted([*_LAZY, *_error_names, *_SUBMODULES])
+__all__ = sorted([*_LAZY, *_SUBMODULES])
 
 
 def __getattr__(name: str):
+    import importlib  # (already loaded by Python's start-up: no cost, and no global name)
     if name in _SUBMODULES:
         value = importlib.import_module(f"partq.{name}")
     elif name in _LAZY:
@@ -54,7 +52,8 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+    """The public names (and the module's dunders), not the helpers of the lazy loading."""
+    return sorted({*(n for n in globals() if n.startswith("__")), *__all__})
 
 
 if TYPE_CHECKING:
@@ -66,6 +65,7 @@ if TYPE_CHECKING:
     from partq.clock import SystemClock as SystemClock
     from partq.config import QueueConfig as QueueConfig
     from partq.core.key_hash import key_partition as key_partition
+    from partq.errors import *  # noqa: F403  (the typed errors are part of the public API)
     from partq.flow import Flow as Flow
     from partq.message import FlowChangeUpdate as FlowChangeUpdate
     from partq.message import Message as Message
@@ -77,3 +77,5 @@ if TYPE_CHECKING:
     from partq.status import PartitionStatus as PartitionStatus
     from partq.status import QueueStatus as QueueStatus
     from partq.storage.encoding import PARENT as PARENT
+
+del TYPE_CHECKING

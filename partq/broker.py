@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 import weakref
 from collections.abc import Iterable
@@ -21,13 +22,10 @@ from typing import TYPE_CHECKING
 from partq import scaling
 from partq.clock import SystemClock
 from partq.config import QueueConfig
-from partq.core.rebalance_plan import plan_rebalance
-from partq.core.rebalancer import Rebalancer
-from partq.delivery import Dispatcher, expiry, queue_holder
-from partq.delivery.layout import delivery_layout
+from partq.delivery.lock import queue_holder
 from partq.delivery.open_report import log_open_report
-from partq.delivery.saved_state import decode_state
 from partq.errors import (
+    BrokerClosed,
     InvalidConfig,
     OpenedReadOnly,
     PartqError,
@@ -39,17 +37,18 @@ from partq.message import PublishResult
 from partq.pending import Pending
 from partq.publish.publisher import Publisher
 from partq.queue_admin import QueueAdmin
-from partq.replication import ReplicationStatus, check_sync_timeout, replication_options
-from partq.replication.role import ReplicationRole
+from partq.replication.role import ReplicationRole, replication_options
+from partq.replication.settings import check_sync_timeout
 from partq.scaling.progress_log import scaling_log
 from partq.states import ScalingState
 from partq.status import QueueStatus
-from partq.status_report import build_queue_status, with_owner_warning
 from partq.storage import Store
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
 if TYPE_CHECKING:
+    from partq.delivery.dispatcher import Dispatcher
     from partq.metrics import MetricsServer
+    from partq.replication.status import ReplicationStatus
 
 
 _open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -57,7 +56,7 @@ _open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for broker in list(_open_brokers):
-        broker.dispatcher.after_fork()
+        broker.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -65,6 +64,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 log = logging.getLogger("partq.broker")
 
 RETIRE_CHECK = 0.25   # seconds between looks for online scale-downs that drained
+SWEEP_INTERVAL = 30.0     # seconds between sweeps of expired messages (``sweep_expired``)
 
 class Broker(QueueAdmin):
     """A partq directory opened for publishing, consuming and administration.
@@ -85,11 +85,50 @@ class Broker(QueueAdmin):
         self._closed = False
         self.clock = clock
         self.publisher = Publisher(store, clock, rng)
-        self.dispatcher = Dispatcher(store, clock, auto_tick)
+        self._auto_tick = auto_tick
+        self._dispatcher: Dispatcher | None = None
+        self._building = threading.Lock()
         self._retire_checked = 0.0
-        self.dispatcher.after_tick = self._periodic
         self._swept = time.monotonic()
+        # a process that only publishes builds no dispatcher, but its periodic work (expired
+        # messages, drained scale-downs) still starts within a sweep interval of the open
+        self._janitor = threading.Timer(SWEEP_INTERVAL, self._start_periodic) if auto_tick \
+            else None
+        if self._janitor is not None:
+            self._janitor.daemon = True
+            self._janitor.start()
         _open_brokers.add(self)
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The delivery of this process (``partq.delivery.dispatcher``: flows, timers,
+        delivery locks, the ticker), built at its first use: a bind, a status, a queue deletion,
+        or the periodic work a sweep interval after the open. A process that only publishes
+        does not load delivery."""
+        return self._dispatcher or self._build_dispatcher()
+
+    def _build_dispatcher(self) -> Dispatcher:
+        with self._building:
+            if self._dispatcher is None:
+                if self._closed:
+                    raise BrokerClosed(f"the broker of {self.path} is closed; open it again")
+                from partq.delivery.dispatcher import Dispatcher
+                built = Dispatcher(self._store, self.clock, self._auto_tick)
+                built.after_tick = self._periodic
+                self._dispatcher = built
+            return self._dispatcher
+
+    def _start_periodic(self) -> None:
+        """The janitor's one job: build the dispatcher, whose ticker runs ``_periodic``."""
+        try:
+            self._build_dispatcher()
+        except BrokerClosed:
+            pass
+
+    def after_fork(self) -> None:
+        """In a forked child (``os.register_at_fork``): see ``Dispatcher.after_fork``."""
+        if self._dispatcher is not None:
+            self._dispatcher.after_fork()
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, durability: str = "sync", clock=None,
@@ -310,10 +349,10 @@ class Broker(QueueAdmin):
 
     def _periodic(self) -> None:
         """The ticker's work besides timers: end drained online scale-downs, sweep expired
-        messages every ``expiry.SWEEP_INTERVAL`` seconds."""
+        messages every ``SWEEP_INTERVAL`` seconds."""
         self._finish_retirements()
         now = time.monotonic()
-        if now - self._swept >= expiry.SWEEP_INTERVAL:
+        if now - self._swept >= SWEEP_INTERVAL:
             self._swept = now
             try:
                 self.sweep_expired()
@@ -324,6 +363,7 @@ class Broker(QueueAdmin):
         """Kill the expired messages at the head of the queues this process delivers, and of
         those no process delivers (rule `expiry`: a queue nobody consumes does not keep them);
         returns how many. A process with a ticker does it every 30 s by itself."""
+        from partq.delivery import expiry
         self._check_writable()
         configs = [(c, self.dispatcher.owner_guard(c.name)) for c in self.queues()
                    if self.dispatcher.owns(c.name) or queue_holder(self.path, c.qid) is None]
@@ -348,6 +388,7 @@ class Broker(QueueAdmin):
         delivery, assignments and statuses are those the owner last persisted; when no process
         runs it, the flows of the last owner are shown unbound and their partitions Unbound.
         An exclusive queue shows one partition, ``PARENT``: the parent queue's log."""
+        from partq.status_report import build_queue_status, with_owner_warning
         view = self.dispatcher.view(queue)
         with self._store.read() as r:
             raw = r.queue(queue)
@@ -365,6 +406,10 @@ class Broker(QueueAdmin):
         of a holddown in progress). ``consumers=N``: with N bound flows (added or removed);
         ``add``/``remove``: with these flows bound or gone (names or flow ids). Returns the
         plan document of ``partq.core.rebalance_plan.plan_rebalance``."""
+        from partq.core.rebalance_plan import plan_rebalance
+        from partq.core.rebalancer import Rebalancer
+        from partq.delivery.layout import delivery_layout
+        from partq.delivery.saved_state import decode_state
         config = self.queue_config(queue)
         st = self.queue_status(queue)
         view = self.dispatcher.view(queue)
@@ -394,11 +439,17 @@ class Broker(QueueAdmin):
         self._closed = True
         if not self._store.in_owner_process():
             return    # a forked child: the parent's locks, threads and environment are not ours
+        if self._janitor is not None:
+            self._janitor.cancel()
         if self._metrics is not None:
             self._metrics.close()
-        self.dispatcher.settle()      # a commit DR-standbys still connected receive
+        with self._building:          # (no dispatcher is built from here on)
+            dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.settle()       # a commit DR-standbys still connected receive
         self._role.close()
-        self.dispatcher.close("the broker was closed")
+        if dispatcher is not None:
+            dispatcher.close("the broker was closed")
         self._store.close()
 
     def __enter__(self) -> Broker:

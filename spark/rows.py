@@ -12,16 +12,16 @@ from __future__ import annotations
 import base64
 import json
 
-import crc32c
 import msgpack
 
+from partq.storage.checksum import crc32c
 from partq.storage.encoding import corruption
 
 SCHEMA_DDL = ("partition bigint, seq bigint, key string, payload binary, "
               "headers map<string,string>, publish_time timestamp")
 COLUMNS = ("partition", "seq", "key", "payload", "headers", "publish_time")
 
-_crc = crc32c.crc32c
+_crc = crc32c
 _unpack = msgpack.unpackb
 _from_bytes = int.from_bytes
 

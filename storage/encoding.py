@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
-import crc32c
 import msgpack
 
+from partq.storage.checksum import crc32c
 from partq.storage.errors import PARENT as PARENT  # re-exported: the parent queue's log
 from partq.storage.errors import CorruptRecord, CorruptStore
 
@@ -70,7 +70,7 @@ def unpack_u64(raw: bytes) -> int:
 
 
 _packer = msgpack.Packer(use_bin_type=True)
-_crc = crc32c.crc32c
+_crc = crc32c
 _crc_pack = _CRC.pack
 _crc_unpack = _CRC.unpack_from
 _unpack = msgpack.unpackb

@@ -1,10 +1,10 @@
 """The key-to-partition hash (rule `key-hash`). Part of the on-disk contract: never change it silently."""
 from __future__ import annotations
 
-import crc32c
+from partq.storage.checksum import crc32c
 
-_crc = crc32c.crc32c
-crc32c_of = _crc     # the key hash of already-encoded key bytes: key_partition's numerator
+_crc = crc32c
+crc32c_of = crc32c    # the key hash of already-encoded key bytes: key_partition's numerator
 
 
 def key_partition(key: str, partition_count: int) -> int:

@@ -1,6 +1,6 @@
 """Expired messages of queues nobody consumes (rule `expiry`). Delivery kills an expired message
 when it reaches it; a queue that no consumer reads would keep its expired messages forever, so
-every ``SWEEP_INTERVAL`` seconds a process with a ticker looks at the first ``SWEEP_LIMIT``
+every ``SWEEP_INTERVAL`` seconds (``partq.broker``) a process with a ticker looks at the first ``SWEEP_LIMIT``
 unacked messages of each partition of the queues that can have expired messages (``max_ttl``
 set, or a publish with a TTL seen: ``QUEUE_TTL_SEEN``) and kills the expired ones, as delivery would
 (dead message queue, reason ``expired``). The process delivering a queue sweeps it, past its
@@ -21,7 +21,6 @@ from partq.delivery.outside import count_outside
 from partq.storage.encoding import record_fields
 from partq.storage.txn import QUEUE_TTL_SEEN
 
-SWEEP_INTERVAL = 30.0
 SWEEP_LIMIT = 512
 
 

@@ -28,6 +28,7 @@ import msgpack
 from partq.errors import FrameError, PartqError, PeerRefused
 from partq.replication import timeline
 from partq.replication.protocol import HANDSHAKE_TIMEOUT, MAX_FRAME, ROLE, ReplicationOptions, kind
+from partq.replication.settings import FENCE_ERROR, FENCE_TARGET, fence_state
 from partq.replication.status import u64
 from partq.replication.supersede import SECRET, SNAPSHOT_PROOF
 from partq.wire.frames import parse_address, recv_frame
@@ -35,17 +36,8 @@ from partq.wire.handshake import client_handshake
 
 log = logging.getLogger("partq.replication")
 
-FENCE_TARGET = b"fence_primary"   # local meta of a promoted store: the old primary's address
-FENCE_ERROR = b"fence_error"      # local meta: why the last attempt to tell it failed
 RETRY = 5.0                       # seconds between attempts to reach the old primary, at most
 POLL = 0.05                       # seconds between checks of ``wait_told``
-
-
-def fence_state(r) -> tuple[str | None, str | None]:
-    """(the old primary still to be told, or None; why the last attempt failed, or None)."""
-    target, error = r.meta(FENCE_TARGET), r.meta(FENCE_ERROR)
-    return (None if target is None else target.decode(errors="replace"),
-            None if target is None or error is None else error.decode(errors="replace"))
 
 
 def wait_told(store, timeout: float) -> tuple[str | None, str | None]:

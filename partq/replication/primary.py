@@ -28,7 +28,6 @@ import ssl
 import threading
 import time
 
-import crc32c
 import msgpack
 
 from partq.errors import FrameError, InvalidConfig, PartqError, ReplicationRefused
@@ -42,11 +41,11 @@ from partq.replication.protocol import (
     ROLE,
     ReplicationOptions,
     batches,
-    check_sync_timeout,
     expect,
     lsn_field,
     standby_hello,
 )
+from partq.replication.settings import check_sync_timeout
 from partq.replication.snapshot import SnapshotSender, remove_leftovers
 from partq.replication.status import (
     ReplicationStatus,
@@ -58,6 +57,7 @@ from partq.replication.status import (
 )
 from partq.replication.supersede import claim_from, mark_superseded, superseded
 from partq.replication.sync_gate import SyncGate
+from partq.storage.checksum import crc32c
 from partq.wire.frames import recv_frame, send_frame
 from partq.wire.listener import Listener
 
@@ -223,7 +223,7 @@ class ReplicationServer:
         reason = timeline.divergence(history, head, info.timeline, applied or 0)
         if reason is None and applied and info.applied_crc is not None:
             entry = w.change(applied)
-            if entry is not None and crc32c.crc32c(entry) != info.applied_crc:
+            if entry is not None and crc32c(entry) != info.applied_crc:
                 reason = (f"the standby's commit at LSN {applied} is not this primary's (the "
                           f"primary was restored from an older copy and wrote other commits)")
         if reason is not None:

@@ -30,12 +30,12 @@ so no commit is too large to replicate. A frame the primary reads (an ack) is at
 """
 from __future__ import annotations
 
-import math
 import re
 import ssl
 from dataclasses import dataclass
 
 from partq.errors import FrameError, InvalidConfig
+from partq.replication.settings import slot_keep
 from partq.wire.handshake import read_token
 from partq.wire.listener import Limits
 
@@ -51,7 +51,6 @@ HANDSHAKE_TIMEOUT = 5.0
 MAX_LSN = (1 << 63) - 1
 DEFAULT_MAX_SLOTS = 10
 SECRET_BYTES = 32              # a standby's slot secret, and its verifier (a SHA-256 hash)
-DEFAULT_MAX_SLOT_KEEP = 1 << 30     # bytes of change log kept for the slowest standby
 DEFAULT_LIMITS = Limits(max_frame=ACK_FRAME, handshake_timeout=HANDSHAKE_TIMEOUT,
                         idle_timeout=LINK_TIMEOUT, max_connections=16, max_handshakes=16)
 _STANDBY_ID = re.compile(r"[0-9A-Za-z_.:-]{1,64}\Z")
@@ -75,8 +74,7 @@ class ReplicationOptions:
     limits: Limits = DEFAULT_LIMITS
 
     def slot_keep(self, max_map_size: int) -> int:
-        keep = DEFAULT_MAX_SLOT_KEEP if self.max_slot_keep is None else self.max_slot_keep
-        return min(keep, max(max_map_size // 4, 1 << 20))
+        return slot_keep(self.max_slot_keep, max_map_size)
 
 
 def replication_options(token: str | bytes | None = None, token_file: str | None = None,
@@ -95,14 +93,6 @@ def replication_options(token: str | bytes | None = None, token_file: str | None
         raise InvalidConfig(f"max_slots must be an integer >= 1, not {max_slots!r}")
     return ReplicationOptions(read_token(token, token_file), ssl_context, max_slot_keep, max_slots,
                               limits or DEFAULT_LIMITS)
-
-
-def check_sync_timeout(value) -> float:
-    """``sync_timeout`` as seconds: a finite number > 0 (NaN would block forever)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or value <= 0:
-        raise InvalidConfig(f"sync_timeout must be a finite number of seconds > 0, not {value!r}")
-    return float(value)
 
 
 # ---------------------------------------------------------------------- checking frames

@@ -24,7 +24,6 @@ the slowest slot keeps, so "bytes behind" of that slot is read in O(1).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -107,6 +106,11 @@ def _trim_point(r, slots: dict[str, Slot]) -> int:
     return min((s.acked for s in slots.values()), default=u64(r.meta(b"lsn")))
 
 
+def _same_digest(a: bytes, b: bytes) -> bool:
+    import hmac  # (a primary serving standbys only: not loaded by every process that writes)
+    return hmac.compare_digest(a, b)
+
+
 def register(w, standby_id: str, position: int, address: str, max_slots: int,
              verifier: bytes | None = None) -> Slot:
     """The slot of a standby that passed the handshake, made if new (keeping the change log
@@ -123,7 +127,7 @@ def register(w, standby_id: str, position: int, address: str, max_slots: int,
         slot = slots[standby_id] = Slot(standby_id, position, time.time(), 0.0, address, verifier)
     elif slot.verifier is None:
         slot.verifier = verifier
-    elif verifier is None or not hmac.compare_digest(verifier, slot.verifier):
+    elif verifier is None or not _same_digest(verifier, slot.verifier):
         raise ReplicationRefused(
             f"the replication slot of standby {standby_id} belongs to the standby that made it, "
             f"which proves a secret this connection does not: if this is that standby, restored "

@@ -27,7 +27,6 @@ import socket
 import tempfile
 import threading
 
-import crc32c
 import msgpack
 
 from partq.errors import FrameError
@@ -42,6 +41,7 @@ from partq.replication.protocol import (
     lsn_field,
 )
 from partq.replication.supersede import SNAPSHOT_PROOF, verifier
+from partq.storage.checksum import crc32c
 from partq.storage.encoding import pack_u64
 from partq.wire.frames import recv_frame, send_frame
 
@@ -138,13 +138,13 @@ class SnapshotSender:
         with self.store.read() as r:
             entry = r.change(lsn) if lsn else None
         send_frame(sock, {"type": "snapshot", "size": size, "lsn": lsn,
-                          "crc_at_lsn": None if entry is None else crc32c.crc32c(entry)})
+                          "crc_at_lsn": None if entry is None else crc32c(entry)})
         crc = 0
         previous = sock.gettimeout()
         sock.settimeout(SEND_TIMEOUT)    # a standby that stops reading gives up its turn
         with open(path, "rb") as f:
             while chunk := f.read(SNAPSHOT_CHUNK):
-                crc = crc32c.crc32c(chunk, crc)
+                crc = crc32c(chunk, crc)
                 send_frame(sock, {"type": "chunk", "data": chunk})
         send_frame(sock, {"type": "snapshot_end", "crc": crc, "proof": proof})
         sock.settimeout(previous)
@@ -185,7 +185,7 @@ def receive_snapshot(sock: socket.socket, header: dict, store) \
                 got += len(data)
                 if got > size:
                     raise FrameError(f"the snapshot is longer than the {size} bytes announced")
-                crc = crc32c.crc32c(data, crc)
+                crc = crc32c(data, crc)
                 f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -20,8 +20,6 @@ import ssl
 import threading
 import uuid
 
-import crc32c
-
 from partq.errors import (
     AuthenticationFailed,
     Diverged,
@@ -32,7 +30,6 @@ from partq.errors import (
     ReplicationRefused,
 )
 from partq.replication import timeline
-from partq.replication.fencer import FENCE_ERROR, FENCE_TARGET
 from partq.replication.protocol import (
     HANDSHAKE_TIMEOUT,
     LINK_TIMEOUT,
@@ -47,9 +44,11 @@ from partq.replication.protocol import (
     kind,
     lsn_field,
 )
+from partq.replication.settings import FENCE_ERROR, FENCE_TARGET
 from partq.replication.snapshot import install_snapshot, received, remove_leftovers
 from partq.replication.status import ReplicationStatus, u64
 from partq.replication.supersede import SECRET, verifier
+from partq.storage.checksum import crc32c
 from partq.storage.encoding import pack_u64
 from partq.storage.writer import decode_change
 from partq.wire.frames import parse_address, recv_frame, send_frame
@@ -246,7 +245,7 @@ class StandbyFollower:
                         w.apply(change)
                     except (Diverged, ValueError, TypeError) as exc:
                         raise FrameError(str(exc)) from None
-                applied, last = lsn, (time_ns, msgs_total, crc32c.crc32c(raw))
+                applied, last = lsn, (time_ns, msgs_total, crc32c(raw))
             w.put_local_meta(b"applied_lsn", pack_u64(applied))
             if last is not None:
                 w.put_local_meta(b"applied_time_ns", pack_u64(last[0]))
@@ -292,7 +291,7 @@ def followed(store) -> str | None:
 def promote_store(w) -> int:
     """Make a standby's store a primary's (in one write transaction): its LSN continues from
     what it applied, on a new timeline; the primary it followed is to be told it is superseded
-    (``fencer.FENCE_TARGET``). Returns that LSN."""
+    (``settings.FENCE_TARGET``). Returns that LSN."""
     applied = w.meta(b"applied_lsn")
     lsn = max(u64(w.meta(b"lsn")), u64(applied))
     w.put_local_meta(b"lsn", pack_u64(lsn))

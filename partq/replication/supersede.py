@@ -41,13 +41,13 @@ import hashlib
 import hmac
 import time
 
-import crc32c
 import msgpack
 
 from partq.errors import FrameError
 from partq.replication import slots, timeline
 from partq.replication.protocol import SECRET_BYTES, lsn_field, standby_hello
 from partq.replication.status import u64
+from partq.storage.checksum import crc32c
 from partq.storage.group_commit import SUPERSEDED
 
 SECRET = b"supersede_secret"      # local meta of a standby (and a promoted store): its secret
@@ -142,7 +142,7 @@ def refusal(w, claim: Claim, acks: dict[str, tuple[int, float]]) -> str | None:
     entry = w.change(lsn) if lsn else None
     crc = claim.fork_crc if claim.fork_lsn == lsn else None
     if entry is not None and crc is not None:
-        if crc32c.crc32c(entry) != crc:
+        if crc32c(entry) != crc:
             return (f"its commit at LSN {lsn} is not this primary's (this primary was restored "
                     f"from an older copy and wrote other commits)")
     elif not (seen and lsn <= acked) and not _read_snapshot_whole(slot, claim, lsn):

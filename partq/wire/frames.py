@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import crc32c
 import msgpack
 
 from partq.errors import ConnectionEnded, FrameError, PartqError
+from partq.storage.checksum import crc32c
 from partq.wire.tls import Conn, SerialTLS
 
 HEADER = struct.Struct(">II")
@@ -35,7 +35,7 @@ def encode_frame(obj) -> bytes:
     if packer is None:
         packer = _local.packer = msgpack.Packer(use_bin_type=True)
     body = packer.pack(obj)
-    return HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    return HEADER.pack(len(body), crc32c(body)) + body
 
 
 def send_frame(sock: socket.socket, obj) -> None:
@@ -71,7 +71,7 @@ def _read(read, max_frame: int, max_items: int | None = None, head: bytes | None
     if length > max_frame:
         raise FrameError(f"frame of {length} bytes exceeds {max_frame}")
     body = read(length)
-    if crc32c.crc32c(body) != crc:
+    if crc32c(body) != crc:
         raise FrameError("frame crc32c mismatch")
     try:
         if max_items is None:
