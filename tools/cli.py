@@ -13,11 +13,12 @@ import sys
 import click
 
 import partq
-from partq.tools.common import App, translate
+from partq.tools.command_table import COMMANDS, LazyCommands
 
 
 class PartqGroup(click.Group):
-    """A group whose commands' library and OS errors end as one line and exit status 1."""
+    """A group whose commands' library and OS errors end as one line and exit status 1, and
+    whose commands load when named (``command_table``)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -31,10 +32,28 @@ class PartqGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             raise click.exceptions.Exit(0) from None
         except Exception as exc:
+            from partq.tools.common import translate
             error = translate(exc)
             if error is None:
                 raise
             raise error from None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of commands, with the help of each command not loaded yet taken from
+        ``COMMANDS`` rather than by importing it."""
+        commands = self.commands
+        rows: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            command = commands.loaded(name) if isinstance(commands, LazyCommands) else None
+            if command is None and name in COMMANDS:
+                command = click.Command(name, help=COMMANDS[name][1])
+            command = command or self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, c.get_short_help_str(limit)) for name, c in rows])
 
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -43,7 +62,17 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DATA_HELP = "The partq store directory (also from $PARTQ_DATA)."
 
 
-@click.group("partq", cls=PartqGroup, context_settings=CONTEXT)
+def _add_data_options(command: click.Command) -> None:
+    """``--data DIR`` on every command below the root (see ``_add_data_option``)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_data_options(sub)
+    else:
+        _add_data_option(command)
+
+
+@click.group("partq", cls=PartqGroup, context_settings=CONTEXT,
+             commands=LazyCommands(COMMANDS, _add_data_options))
 @click.option("--data", envvar="PARTQ_DATA", default="partq-data", show_default=True,
               metavar="DIR", help=DATA_HELP)
 @click.version_option(partq.__version__, "--version", prog_name="partq",
@@ -59,6 +88,7 @@ def cli(ctx: click.Context, data: str) -> None:
     unknown option, a missing argument, or a value an option refuses on its own: --partitions
     0, --max -1, --ttl nan).
     """
+    from partq.tools.common import App
     ctx.obj = App(data)
     show_warnings()
 
@@ -88,16 +118,9 @@ def show_warnings() -> None:
 
 
 def _set_data(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from partq.tools.common import App
     if value is not None:
         ctx.ensure_object(App).data = value
-
-
-def _leaves(group: click.Group):
-    for command in group.commands.values():
-        if isinstance(command, click.Group):
-            yield from _leaves(command)
-        else:
-            yield command
 
 
 def _add_data_option(command: click.Command) -> None:
@@ -107,36 +130,6 @@ def _add_data_option(command: click.Command) -> None:
         return
     command.params.append(click.Option(["--data"], metavar="DIR", expose_value=False,
                                        callback=_set_data, help=DATA_HELP))
-
-
-def _register() -> None:
-    from partq.tools import (
-        consume_cmds,
-        copy_cmds,
-        dead_cmds,
-        dr_cmds,
-        inspect_cmds,
-        publish_cmds,
-        queue_cmds,
-        rebalance_cmds,
-        scale_cmds,
-        serve_cmds,
-        store_cmds,
-        top_cmds,
-        verify_cmds,
-    )
-    for command in (store_cmds.init, queue_cmds.queue, publish_cmds.publish,
-                    consume_cmds.consume, inspect_cmds.inspect, copy_cmds.copy_out,
-                    copy_cmds.copy_in, dead_cmds.message, dead_cmds.dead, scale_cmds.scale,
-                    rebalance_cmds.rebalance, verify_cmds.verify, store_cmds.stats,
-                    store_cmds.demo, dr_cmds.standby, dr_cmds.dr, serve_cmds.serve,
-                    top_cmds.top):
-        cli.add_command(command)
-    for command in _leaves(cli):
-        _add_data_option(command)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:
