@@ -14,16 +14,19 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 
-from partq import Broker, PartqError
 from partq.clock import MAX_SECONDS
-from partq.errors import InvalidConfig, InvalidMessage, describe_os_error
+from partq.errors import InvalidConfig, InvalidMessage, PartqError, describe_os_error
 from partq.ops.formatting import one_line
-from partq.ops.read_only import READ_ONLY_ENV, open_read_only, open_store_read_only, read_only_reason
-from partq.storage import Store
+from partq.ops.write_access import READ_ONLY_ENV, read_only_reason
 from partq.tools.queue_settings import SETTINGS
+
+if TYPE_CHECKING:
+    from partq.broker import Broker
+    from partq.storage import Store
 
 STORE_FILE = "data.mdb"
 
@@ -154,6 +157,7 @@ class App:
                    f"run it as a user who may write {self.path} (queue list, queue show, stats, "
                    f"inspect and verify only read, and work without)")
             raise UserError(f"{reason}, and this command writes to the store; {fix}")
+        from partq.broker import Broker
         broker = Broker.open(self.data, create=create, **options)
         try:
             yield broker
@@ -173,9 +177,11 @@ class App:
         self._require_store()
         reason = self.read_only_reason()
         if reason is not None:
+            from partq.ops.read_only import open_store_read_only
             _say_read_only(self.data, reason)
             store = open_store_read_only(self.data, reason)
         else:
+            from partq.storage.store import Store
             store = Store.open(self.data, create=False)
         try:
             yield store
@@ -191,6 +197,7 @@ class App:
             with self.broker() as broker:
                 yield broker
             return
+        from partq.ops.read_only import open_read_only
         self._require_store()
         _say_read_only(self.data, reason)
         broker = open_read_only(self.data, reason)

@@ -41,6 +41,7 @@ import msgpack
 
 from partq.errors import CopyInError, InvalidConfig, describe_os_error
 from partq.ops.copy_targets import FORMATS, JSONL_KEYS, MSGPACK_KEYS
+from partq.ops.formatting import decode_json_bytes
 
 if TYPE_CHECKING:
     from partq.broker import Broker
@@ -211,20 +212,6 @@ def _record(obj, keys: tuple[str, ...], where: str, end: int) -> ExportRecord:
 
 def _is_count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def decode_json_bytes(value):
-    """Undo ``partq.ops.formatting.jsonable`` on JSON values: ``{"$base64": "..."}`` is bytes again."""
-    if isinstance(value, dict):
-        if set(value) == {"$base64"} and isinstance(value["$base64"], str):
-            try:
-                return base64.b64decode(value["$base64"], validate=True)
-            except (binascii.Error, ValueError):
-                return value
-        return {k: decode_json_bytes(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_json_bytes(v) for v in value]
-    return value
 
 
 def copy_in(broker: Broker, queue: str, path: str, *, fmt: str = "auto", batch: int = 1000,

@@ -5,6 +5,7 @@ line, bytes and sets in JSON. Shared by the library's messages and copy-out file
 from __future__ import annotations
 
 import base64
+import binascii
 
 from partq.storage.encoding import PARENT
 
@@ -39,3 +40,17 @@ def held_text(p) -> str | None:
     text = f"{p.held_keys} key{'s' if p.held_keys != 1 else ''}, {p.held_messages} " \
            f"message{'s' if p.held_messages != 1 else ''}"
     return text + (f" ({', '.join(p.held_for)})" if p.held_for else "")
+
+
+def decode_json_bytes(value):
+    """Undo ``partq.ops.formatting.jsonable`` on JSON values: ``{"$base64": "..."}`` is bytes again."""
+    if isinstance(value, dict):
+        if set(value) == {"$base64"} and isinstance(value["$base64"], str):
+            try:
+                return base64.b64decode(value["$base64"], validate=True)
+            except (binascii.Error, ValueError):
+                return value
+        return {k: decode_json_bytes(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_json_bytes(v) for v in value]
+    return value

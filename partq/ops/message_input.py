@@ -34,7 +34,7 @@ from partq.errors import (
     QueueFull,
     StorageFull,
 )
-from partq.ops.copy_in import decode_json_bytes
+from partq.ops.formatting import decode_json_bytes
 from partq.publish.encode import encode_item
 
 if TYPE_CHECKING:

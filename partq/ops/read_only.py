@@ -6,7 +6,8 @@ which says what reading without LMDB's reader lock costs) and ``open_read_only(p
 ``Broker`` over one: they read exactly what the usual ones read (``queue_config``, ``queues``,
 ``queue_status``, ``checkpoint``, ``store.read()`` for ``partq.ops.browse``,
 ``partq.ops.verify``, ``partq.ops.stats``) and refuse every write with ``OpenedReadOnly``.
-``read_only_reason(path)`` says whether this process must read that way. The delivery owner
+``read_only_reason(path)`` (``partq.ops.write_access``) says whether this process must read
+that way. The delivery owner
 (``DIR/delivery-locks``) and its live view are visible only to users who may read that
 directory.
 
@@ -30,25 +31,6 @@ from partq.status import QueueStatus
 from partq.status_report import build_queue_status, with_owner_warning
 from partq.storage import Store
 from partq.storage.read_only_store import ReadOnlyStore
-
-READ_ONLY_ENV = "PARTQ_READ_ONLY"
-
-
-def read_only_reason(path: str) -> str | None:
-    """Why this process must open ``path`` read-only (it may not write the directory, its
-    ``data.mdb`` or its ``lock.mdb``, or ``$PARTQ_READ_ONLY`` is set), or None when it may
-    write. A missing directory is not a reason: opening it says what is wrong."""
-    if os.environ.get(READ_ONLY_ENV, "").strip().lower() not in ("", "0", "no", "false", "off"):
-        return f"${READ_ONLY_ENV} is set"
-    if not os.path.isdir(path):
-        return None
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"this user may not write {path}"
-    for name in ("data.mdb", "lock.mdb"):
-        file = os.path.join(path, name)
-        if os.path.exists(file) and not os.access(file, os.R_OK | os.W_OK):
-            return f"this user may not write {file}"
-    return None
 
 
 def open_store_read_only(path: str | os.PathLike, reason: str = "opened read-only") -> Store:
