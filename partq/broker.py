@@ -41,7 +41,6 @@ from partq.replication.role import ReplicationRole, replication_options
 from partq.replication.settings import check_sync_timeout
 from partq.scaling.progress_log import scaling_log
 from partq.states import ScalingState
-from partq.status import QueueStatus
 from partq.storage import Store
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
 
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from partq.delivery.dispatcher import Dispatcher
     from partq.metrics import MetricsServer
     from partq.replication.status import ReplicationStatus
+    from partq.status import QueueStatus
 
 
 _open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()

@@ -128,3 +128,16 @@ def test_tls_soak_bench_quick_prints_json_lines(tmp_path):
                       positive=False, peers_in_run=False)
     lost = next(x for x in lines if x["name"] == "tls_soak_lost_connections")
     assert lost["value"] == 0 and lost["requests_failed"] == 0, lost
+
+
+def test_startup_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("startup", tmp_path)
+    lines = check_bench_lines(stdout.splitlines(),
+                              {"load_average_at_start", "python_bare", "python_import_click",
+                               "partq_version", "partq_help", "import_partq",
+                               "python_lmdb_msgpack_crc32c_click_one_put",
+                               "python_lean_crc32c_one_put", "partq_publish",
+                               "partq_publish_vs_lean_peer"},
+                              ratio_from="measured", peers_in_run=True)
+    for name, target in (("partq_version", 1.5), ("partq_publish", 2.0)):
+        assert lines[name]["target"] == target and lines[name]["target_is"] == "ratio_max"
