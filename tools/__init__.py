@@ -5,6 +5,8 @@ calls the library (``partq.ops``: browse, copy-out, verify, stats; the Broker) a
 result, for people or with ``--json``.
 
 * ``cli``          the root group, ``main``, error translation (one "Error: ..." line, exit 1)
+* ``command_table`` each command's name, module and first help sentence: a command loads when
+  it is named
 * ``common``       the store the command works on (read-only when it must be), confirmations,
   the translation of library errors (option names for config fields)
 * ``output``       ``--json`` (one decorator), aligned tables, payload and time formatting
