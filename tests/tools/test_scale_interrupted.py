@@ -35,6 +35,13 @@ def _ingress(data: str) -> bool:
         return broker.queue_config("q").ingress_enabled
 
 
+def _at_step_2(data: str) -> bool:
+    """The procedure's record says step 2 (drain): ingress off comes a commit before it."""
+    with partq.Broker.open(data) as broker:
+        procedure = broker.queue_status("q").procedure
+        return procedure is not None and procedure["step"] == 2
+
+
 def _drain(data: str) -> None:
     with partq.Broker.open(data) as broker:
         flow = broker.bind("q")
@@ -48,7 +55,8 @@ def test_a_signal_stops_scale_with_ingress_restored(partq_script, data, sig):
     _queue_with_backlog(data)
     proc = _start_scale(partq_script, data)
     try:
-        wait_until(lambda: not _ingress(data), timeout=30, what="step 1 disabled ingress")
+        wait_until(lambda: _at_step_2(data), timeout=30, what="step 2 (drain) recorded")
+        assert not _ingress(data)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -65,7 +73,7 @@ def test_a_signal_stops_scale_with_ingress_restored(partq_script, data, sig):
 def test_a_killed_scale_is_reported_and_resumed(partq_script, data):
     _queue_with_backlog(data)
     proc = _start_scale(partq_script, data)
-    wait_until(lambda: not _ingress(data), timeout=30, what="step 1 disabled ingress")
+    wait_until(lambda: _at_step_2(data), timeout=30, what="step 2 (drain) recorded")
     proc.kill()
     proc.wait(timeout=30)
     assert not _ingress(data)
@@ -108,7 +116,7 @@ def test_a_scale_killed_inside_the_count_change_is_finished_by_a_rerun(partq_scr
 def test_abort_undoes_a_killed_scale(partq_script, data):
     _queue_with_backlog(data)
     proc = _start_scale(partq_script, data)
-    wait_until(lambda: not _ingress(data), timeout=30, what="step 1 disabled ingress")
+    wait_until(lambda: _at_step_2(data), timeout=30, what="step 2 (drain) recorded")
     proc.kill()
     proc.wait(timeout=30)
     undone = run_script(partq_script, data, "scale", "q", "--abort", "--json")
