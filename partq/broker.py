@@ -34,7 +34,7 @@ from partq.errors import (
     StandbyReadOnly,
     queue_not_found,
 )
-from partq.flow import Flow
+from partq.flow import BoundFlows, Flow
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.publish.publisher import Publisher
@@ -47,6 +47,7 @@ from partq.status import QueueStatus
 from partq.status_report import build_queue_status, with_owner_warning
 from partq.storage import Store
 from partq.storage.store import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE
+from partq.transactions import BrokerTransaction
 
 if TYPE_CHECKING:
     from partq.metrics import MetricsServer
@@ -86,6 +87,7 @@ class Broker(QueueAdmin):
         self.clock = clock
         self.publisher = Publisher(store, clock, rng)
         self.dispatcher = Dispatcher(store, clock, auto_tick)
+        self.bound_flows = BoundFlows()       # what a transaction finds received messages in
         self._retire_checked = 0.0
         self.dispatcher.after_tick = self._periodic
         self._swept = time.monotonic()
@@ -300,7 +302,14 @@ class Broker(QueueAdmin):
             if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):
                 raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
         endpoint = self.dispatcher.bind(queue, name, hint, skip_corrupt)
-        return Flow(endpoint, queue, name, skip_corrupt)
+        return self.bound_flows.add(Flow(endpoint, queue, name, skip_corrupt))
+
+    def transaction(self) -> BrokerTransaction:
+        """``with broker.transaction() as tx:``: acks, nacks and rejects of messages the flows
+        of this broker received, and publishes, committed together at the block's end in one
+        write, or none of it (``partq.transactions``)."""
+        self._check_writable()
+        return BrokerTransaction(self)
 
     def tick(self) -> None:
         """Run every rebalance and handoff timer that is due by the clock, and end online
