@@ -17,7 +17,6 @@ part made by its ``PeerQueue`` (``peers.peer_txn``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 from partq.config import redelivery_wait
 from partq.delivery import owner
@@ -29,11 +28,17 @@ from partq.errors import FlowFenced, InvalidAck
 from partq.message import Message
 
 
-class Entry(NamedTuple):
-    """One ack, nack or reject of a transaction."""
-    verb: str                   # "acked", "nacked" or "rejected"
-    msg: Message
-    delay: float | None = None  # a nack's
+class Entry:
+    """One ack, nack or reject of a transaction; a committed nack sets ``back``, the seqs of
+    its partition it gave back (``Flow.nack``'s result)."""
+
+    __slots__ = ("verb", "msg", "delay", "back")
+
+    def __init__(self, verb: str, msg: Message, delay: float | None = None) -> None:
+        self.verb = verb            # "acked", "nacked" or "rejected"
+        self.msg = msg
+        self.delay = delay          # a nack's
+        self.back: list[int] = []
 
 
 class TxnPart:
@@ -118,7 +123,7 @@ def local_part(qd, state: FlowState, entries: list[Entry], now: float, now_ns: i
             part.writes.append(_failures_op(qid, ps.sp, m.seq, failures))
             if delay > 0:
                 part.writes.append(delays_op(qid, ps.sp, m.seq, now_ns, delay)[0])
-            part.after.append(_after_nack(qd, state, m, delay, now, now_ns))
+            part.after.append(_after_nack(qd, state, entry, delay, now, now_ns))
     if acks:
         items = [(qd.parts[slot].sp, seqs) for slot, seqs in acks.items()]
         part.writes.append(lambda w: [w.ack(qid, sp, seqs) for sp, seqs in items])
@@ -130,9 +135,12 @@ def _after_reject(qd, state: FlowState, slot: int, died: list, now: float) -> Ca
     return lambda: qd.rejected_in_memory(state, slot, died, now)
 
 
-def _after_nack(qd, state: FlowState, msg: Message, delay: float, now: float,
+def _after_nack(qd, state: FlowState, entry: Entry, delay: float, now: float,
                 now_ns: int) -> Callable[[], list]:
-    return lambda: qd.nack(state, msg, now, delay, now_ns)[0]
+    def after() -> list:
+        ops, entry.back = qd.nack(state, entry.msg, now, delay, now_ns)
+        return ops
+    return after
 
 
 def _failures_op(qid: int, sp: int, seq: int, failures: int) -> Callable:

@@ -36,6 +36,7 @@ class Transaction:
         self._entries: list[Entry] = []
         self._ids: set[tuple[str, int, int]] = set()
         self._publishes: list[tuple[str, list, float | None]] = []
+        self._taken: list[tuple[Flow, Entry]] = []     # with their flow named (``take``)
         self.state = "open"     # then "committed" or "aborted"
 
     # ------------------------------------------------------------------ the block
@@ -78,6 +79,12 @@ class Transaction:
         self._ids.add(ident)
         self._entries.append(Entry(verb, msg, delay))
 
+    def take(self, flow: Flow, entry: Entry) -> None:
+        """Add ``entry``, of a message ``flow`` received (``partq serve`` names the flow of each
+        message its client's transaction names)."""
+        self._check_open()
+        self._taken.append((flow, entry))
+
     def _check_open(self) -> None:
         if self.state != "open":
             raise InvalidConfig(f"this transaction is {self.state}: begin another")
@@ -106,10 +113,18 @@ class Transaction:
     def _commit(self) -> None:
         raise NotImplementedError
 
+    def entries(self) -> list[Entry]:
+        """What the block acked, nacked and rejected, in order."""
+        return list(self._entries)
+
+    def publishes(self) -> list[tuple[str, list, float | None]]:
+        """What the block published: ``(queue, items, ttl)`` per call, in order."""
+        return list(self._publishes)
+
     def receivers(self) -> list[tuple[Flow, Entry]]:
         """Each entry with the flow that received its message; ``FlowFenced`` for messages no
         flow of this broker or client holds (settled already, or never received here)."""
-        out, orphans = [], []
+        out, orphans = list(self._taken), []
         for entry in self._entries:
             flow = self._flows.receiver_of(entry.msg)
             if flow is None:
@@ -142,19 +157,20 @@ class Transaction:
 class BrokerTransaction(Transaction):
     """``Broker.transaction()``: committed by this process, with its flows and peer flows."""
 
-    def __init__(self, broker) -> None:
+    def __init__(self, broker, txn_id: tuple[str, str] | None = None) -> None:
         super().__init__(broker.bound_flows)
         self._broker = broker
+        self._txn_id = txn_id       # (client id, transaction id): stored with the commit
 
     def _commit(self) -> None:
         broker = self._broker
         publishes = self.encoded(broker.publisher)
         receivers = self.receivers()
-        if not receivers and not publishes:
+        if not receivers and not publishes and self._txn_id is None:
             return
         broker.dispatcher.commit_transaction(
             [(flow.endpoint(), entry) for flow, entry in receivers],
-            make_write(broker.publisher, publishes))
+            make_write(broker.publisher, publishes, self._txn_id))
         for flow, entry in receivers:
             flow.settled([entry.msg])
 

@@ -156,3 +156,48 @@ def test_a_transaction_whose_flow_lost_a_partition_to_a_handoff_commits_nothing(
             tx.publish("out", m.payload)
             tx.ack(m)
     assert outputs(kind) == sorted(m.payload for m in got)      # each exactly once
+
+
+def test_an_asyncio_client_commits_with_async_with(tmp_path):
+    import asyncio
+    kind = Endpoints("remote", tmp_path)
+    try:
+        queues(kind)
+        kind.broker.publish_many("q", [(b"m%d" % i, f"k{i}") for i in range(4)])
+        client = partq.aio.AsyncClient(kind.binder())
+
+        async def main() -> None:
+            flow = await client.bind("q", name="a")
+            got: list = []
+            while len(got) < 4:
+                got += await flow.receive(4 - len(got), timeout=1)
+            async with client.transaction() as tx:
+                for m in got:
+                    tx.publish("out", m.payload)
+                    tx.ack(m)
+            assert tx.state == "committed"
+        asyncio.run(main())
+        assert outputs(kind) == [b"m0", b"m1", b"m2", b"m3"]
+    finally:
+        kind.close()
+
+
+def test_a_transaction_sent_again_under_its_id_is_answered_committed_once(tmp_path):
+    kind = Endpoints("remote", tmp_path)
+    try:
+        queues(kind)
+        client = kind.binder()
+        flow = kind.bind("q", name="a")
+        kind.broker.publish("q", b"m", key="k")
+        [m] = take(flow, 1)
+        tx = client.transaction()
+        tx.ack(m)
+        tx.publish("out", b"result")
+        tx.commit()
+        again = client.transaction()        # its answer was lost: the same request again
+        again.txn_id = tx.txn_id
+        again.publish("out", b"result")
+        again.commit()
+        assert again.state == "committed" and outputs(kind) == [b"result"]
+    finally:
+        kind.close()

@@ -119,7 +119,7 @@ class PeerAcks:
                     dead = [rejected(sp, e.msg.seq, cursor.ack.failed(e.msg.seq) + 1)]
                     part.writes.append(dead_op(name, qid, dead, clock.wall_ns()))
                 else:
-                    self._nack_part(part, flow, e.msg, e.delay, assignment.config)
+                    self._nack_part(part, flow, e, assignment.config)
         acks = [e.msg for e in entries if e.verb == "acked"]
         rejects = [e.msg for e in entries if e.verb == "rejected"]
         part.after.insert(0, lambda: self._after_transaction(flow, acks, rejects))
@@ -128,9 +128,8 @@ class PeerAcks:
     def _holder(self, flow: PeerFlow, sp: int, fence: tuple[int, bool]):
         return lambda w: self._holds(w, flow, sp, fence)
 
-    def _nack_part(self, part: TxnPart, flow: PeerFlow, msg: Message, delay: float | None,
-                   config: QueueConfig) -> None:
-        clock = self.dispatcher.clock
+    def _nack_part(self, part: TxnPart, flow: PeerFlow, entry: Entry, config: QueueConfig) -> None:
+        clock, msg, delay = self.dispatcher.clock, entry.msg, entry.delay
         cursor = flow.cursor(msg.partition)
         assert cursor is not None          # in flight to it: checked
         failures = cursor.ack.failed(msg.seq) + 1
@@ -150,6 +149,7 @@ class PeerAcks:
                     taken = flow.apply_nack(msg, wait, clock.now(), until)
                     if taken is not None:
                         taken[0].count_lost([msg.seq])      # its count, as committed
+                        entry.back = taken[2]
                 except PartqError:
                     pass                  # moved since the commit: its next holder has it
             if wait > 0:
