@@ -24,6 +24,7 @@ from partq.config import QueueConfig
 from partq.errors import IngressDisabled
 from partq.publish import quota
 from partq.publish.encode import Encoded, over_limits
+from partq.storage import crashpoints
 from partq.storage.txn import mark_ttl_seen
 from partq.transactions import ids
 
@@ -56,6 +57,8 @@ def make_write(publisher, publishes: list[Publish], txn_id: tuple[str, str] | No
             for part in parts:
                 for write in part.writes:
                     write(w)
+            if crashpoints.ENABLED:
+                crashpoints.hit("in_transaction")
             for config, pub in admitted:
                 if pub.ttl:
                     mark_ttl_seen(w, config.qid)
