@@ -128,3 +128,10 @@ def test_tls_soak_bench_quick_prints_json_lines(tmp_path):
                       positive=False, peers_in_run=False)
     lost = next(x for x in lines if x["name"] == "tls_soak_lost_connections")
     assert lost["value"] == 0 and lost["requests_failed"] == 0, lost
+
+
+def test_transactions_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("transactions", tmp_path)
+    check_bench_lines(stdout.splitlines(),
+                      {"load_average_at_start", "partq_transaction_100_acks_100_publishes"},
+                      ratio_from="measured", peers_in_run=False)
