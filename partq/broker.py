@@ -32,7 +32,7 @@ from partq.errors import (
     StandbyReadOnly,
     queue_not_found,
 )
-from partq.flow import Flow
+from partq.flow import BoundFlows, Flow
 from partq.message import PublishResult
 from partq.pending import Pending
 from partq.publish.publisher import Publisher
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from partq.metrics import MetricsServer
     from partq.replication.status import ReplicationStatus
     from partq.status import QueueStatus
+    from partq.transactions import BrokerTransaction
 
 
 _open_brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -88,6 +89,7 @@ class Broker(QueueAdmin):
         self._auto_tick = auto_tick
         self._dispatcher: Dispatcher | None = None
         self._building = threading.Lock()
+        self.bound_flows = BoundFlows()       # what a transaction finds received messages in
         self._retire_checked = 0.0
         self._swept = time.monotonic()
         # a process that only publishes builds no dispatcher, but its periodic work (expired
@@ -339,7 +341,15 @@ class Broker(QueueAdmin):
             if not all(isinstance(p, int) and not isinstance(p, bool) for p in hint):
                 raise InvalidConfig(f"hint must be a collection of partition numbers, not {hint!r}")
         endpoint = self.dispatcher.bind(queue, name, hint, skip_corrupt)
-        return Flow(endpoint, queue, name, skip_corrupt)
+        return self.bound_flows.add(Flow(endpoint, queue, name, skip_corrupt))
+
+    def transaction(self) -> BrokerTransaction:
+        """``with broker.transaction() as tx:``: acks, nacks and rejects of messages the flows
+        of this broker received, and publishes, committed together at the block's end in one
+        write, or none of it (``partq.transactions``)."""
+        self._check_writable()
+        from partq.transactions import BrokerTransaction
+        return BrokerTransaction(self)
 
     def tick(self) -> None:
         """Run every rebalance and handoff timer that is due by the clock, and end online

@@ -11,7 +11,9 @@ Thread-safety: a Flow may be used from several threads.
 from __future__ import annotations
 
 import math
+import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
@@ -22,6 +24,9 @@ from partq.pending import Pending, WriteHandle
 
 U32 = (1 << 32) - 1         # the largest partition number storage holds
 U64 = (1 << 64) - 1         # the largest sequence
+MAX_RECEIPTS = 1 << 16      # receipts a flow keeps (``Flow.received_copy``)
+_ID = operator.itemgetter(1, 2)         # a message's (partition, seq)
+_COUNT = operator.itemgetter(8)         # its delivery count
 
 
 class FlowEndpoint(Protocol):
@@ -175,6 +180,25 @@ class Flow:
         self.queue = queue
         self.name = name
         self.skip_corrupt = skip_corrupt
+        # (partition, seq) -> delivery count of what it received and did not settle yet: a
+        # transaction finds the flow that received a message here (``BoundFlows``)
+        self._receipts: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------------ transactions
+    def endpoint(self) -> FlowEndpoint:
+        """Where the flow is bound (a transaction commits through it)."""
+        return self._endpoint
+
+    def received_copy(self, msg: Message) -> bool:
+        """Whether this flow received ``msg`` (this delivery of it) and has not acked, nacked
+        or rejected it through itself."""
+        return self._receipts.get((msg[1], msg[2])) == msg[8]
+
+    def settled(self, msgs: Iterable[Message]) -> None:
+        """``msgs`` were acked, nacked or rejected (by a transaction, or by this flow)."""
+        pop = self._receipts.pop
+        for m in msgs:
+            pop((m[1], m[2]), None)
 
     # ------------------------------------------------------------------ state
     @property
@@ -226,7 +250,14 @@ class Flow:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
                 or math.isnan(timeout) or timeout < 0:
             raise InvalidConfig(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-        return self._endpoint.receive(max_messages, min(timeout, MAX_SECONDS))
+        msgs = self._endpoint.receive(max_messages, min(timeout, MAX_SECONDS))
+        if msgs:
+            receipts = self._receipts
+            if len(receipts) > MAX_RECEIPTS:    # given back unsettled (a handoff, a nack
+                for key in list(receipts)[:len(receipts) // 2]:     # of an earlier one)
+                    del receipts[key]
+            receipts.update(zip(map(_ID, msgs), map(_COUNT, msgs), strict=True))
+        return msgs
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
                  poll: float = 0.2) -> Iterator[Message]:
@@ -265,7 +296,9 @@ class Flow:
         caller waits for the result at once (``ack_many`` does): when no commit is under way
         the acks commit in the calling thread before this returns, saving the hand-off to the
         writer thread and back."""
-        return Pending(self._endpoint.ack_async(received(msgs), commit_here))
+        msgs = received(msgs)
+        self.settled(msgs)
+        return Pending(self._endpoint.ack_async(msgs, commit_here))
 
     def ack_through(self, partition: int, seq: int) -> Pending:
         """Acknowledge every message of ``partition`` (one this flow holds) up to ``seq``, in
@@ -291,14 +324,16 @@ class Flow:
                                   or not math.isfinite(delay) or not 0 <= delay <= MAX_SECONDS):
             raise InvalidConfig(f"delay must be a number of seconds from 0 to {MAX_SECONDS:g} "
                                 f"or None, not {delay!r}")
-        return self._endpoint.nack(received((msg,))[0], delay)
+        self.settled(received((msg,)))
+        return self._endpoint.nack(msg, delay)
 
     def reject(self, msg: Message) -> None:
         """The message cannot be processed, ever: it is dead at once, whatever
         ``max_redelivery`` says, and goes to the queue's dead message queue with
         ``dead_reason="rejected"`` (discarded and counted without one). The rest of its
         partition flows on. Durable when this returns."""
-        self._endpoint.reject(received((msg,))[0])
+        self.settled(received((msg,)))
+        self._endpoint.reject(msg)
 
     def unbind(self) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked
@@ -314,6 +349,26 @@ class Flow:
     def __repr__(self) -> str:
         return (f"<Flow {self.name or self.flow_id} of {self.queue!r} "
                 f"partitions={sorted(self.partitions)}{' closed' if self.closed else ''}>")
+
+
+class BoundFlows:
+    """The flows a broker or client bound (weakly held): a transaction finds here the flow
+    that received a message."""
+
+    def __init__(self) -> None:
+        self._flows: weakref.WeakSet[Flow] = weakref.WeakSet()
+
+    def add(self, flow: Flow) -> Flow:
+        self._flows.add(flow)
+        return flow
+
+    def receiver_of(self, msg: Message) -> Flow | None:
+        """The flow that received ``msg`` (this delivery of it: the same delivery count), and
+        has not settled it; None when none of them did."""
+        for flow in list(self._flows):
+            if flow.queue == msg[0] and flow.received_copy(msg):
+                return flow
+        return None
 
 
 def received(msgs: Iterable[Message]) -> list[Message]:

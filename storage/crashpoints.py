@@ -7,7 +7,8 @@ A fork server whose children arm themselves after the import calls ``arm`` in th
 ``passes`` tells how often each point was passed.
 
 Points: before_commit, after_commit_before_return, mid_batch, at_ack, during_truncation,
-during_scaling, during_handoff, after_cutover.
+during_scaling, during_handoff, after_cutover, in_transaction (a transaction's write, between
+its acks and its publishes).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import signal
 import threading
 
 POINTS = ("before_commit", "after_commit_before_return", "mid_batch", "at_ack",
-          "during_truncation", "during_scaling", "during_handoff", "after_cutover")
+          "during_truncation", "during_scaling", "during_handoff", "after_cutover",
+          "in_transaction")
 
 
 def _parse(spec: str) -> dict[str, int]:

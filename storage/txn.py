@@ -117,6 +117,17 @@ class Reader:
     def meta(self, key: bytes) -> bytes | None:
         return self._txn.get(key, db=self._dbs["meta"])
 
+    def meta_prefix(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every meta ``(key, value)`` whose key starts with ``prefix``."""
+        cur = self._txn.cursor(db=self._dbs["meta"])
+        out = []
+        if cur.set_range(prefix):
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                out.append((bytes(key), bytes(value)))
+        return out
+
     def queue_meta(self, qid: int, name: bytes) -> bytes | None:
         """A value kept for one queue (checkpoints, counters, a procedure in progress): it goes
         with the queue when the queue is deleted, and a queue created later under the same name

@@ -189,6 +189,10 @@ class Writer(Reader):
         self._txn.put(key, value, db=self._dbs["meta"])
         self._change("meta", key, value)
 
+    def delete_meta(self, key: bytes) -> None:
+        self._txn.delete(key, db=self._dbs["meta"])
+        self._change("delete_meta", key)
+
     def put_local_meta(self, key: bytes, value: bytes) -> None:
         """A meta key that is not replicated (replication bookkeeping itself)."""
         self._txn.put(key, value, db=self._dbs["meta"])
@@ -418,7 +422,7 @@ _APPLIED = {"ack": "ack", "ack_through": "ack_through", "put_queue": "put_queue"
             "put_state": "put_state", "delivered_mark": "set_delivered_mark", "failures": "set_failures",
             "delays": "set_delays", "hand_out": "hand_out", "settle": "settle",
             "init_partition": "init_partition", "drop_partition": "drop_partition",
-            "meta": "put_meta", "queue_meta": "put_queue_meta"}
+            "meta": "put_meta", "delete_meta": "delete_meta", "queue_meta": "put_queue_meta"}
 
 
 def encode_change(lsn: int, time_ns: int, msgs_total: int, changes: list[tuple]) -> bytes:

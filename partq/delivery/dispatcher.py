@@ -41,6 +41,7 @@ from partq.delivery.queue_delivery import QueueDelivery
 from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
 from partq.delivery.timers import POLL_INTERVAL, Timers
+from partq.delivery.txn_service import TxnService
 from partq.errors import (
     DeliveryLocked,
     InvalidConfig,
@@ -56,7 +57,7 @@ log = logging.getLogger("partq.delivery")
 PROCESS = f"pid {os.getpid()} on {socket.gethostname()}"
 
 
-class Dispatcher(Timers, FlowService):
+class Dispatcher(Timers, FlowService, TxnService):
     def __init__(self, store, clock, auto_tick: bool) -> None:
         self.store = store
         self.clock = clock

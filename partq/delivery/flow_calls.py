@@ -286,7 +286,15 @@ class FlowCalls:
         ops: list[Callable] = [] if not stranded else [lambda w: ack_parent_log(w, qid, stranded)]
         if not by_p:
             return ops
-        flows = self.flows
+        items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
+        return ops + [lambda w: [w.ack(qid, p, seqs) for p, seqs in items]] + \
+            self.acked_in_memory(by_p, now)
+
+    def acked_in_memory(self, by_p: dict[int, list[int]], now: float) -> list:
+        """Take acks of ``by_p`` (slot -> seqs, each in flight) in memory: the cursors' ack
+        state, what each flow holds, the handoffs waiting for them. Returns the writes of what
+        that set off (a handoff may complete); the acks' own write is the caller's."""
+        flows, parts = self.flows, self.parts
         for p, seqs in by_p.items():
             ps = parts[p]
             ps.ack.add(seqs)
@@ -295,13 +303,11 @@ class FlowCalls:
                 holder = flows.get(pop(s, None))     # type: ignore[arg-type]
                 if holder is not None:
                     holder.inflight -= 1
-        items = [(self.parts[p].sp, seqs) for p, seqs in by_p.items()]
-        ops.append(lambda w: [w.ack(qid, p, seqs) for p, seqs in items])
         actions = []
         for p in by_p:
             if p in self.core.handoffs:
                 actions += self.core.acked(p, self._outstanding(p), now)
-        return ops + self._run(actions, now)
+        return self._run(actions, now)
 
     def ack_through(self, flow, sp: int, seq: int, now: float, reader) -> list:
         """Ack every message of storage partition ``sp`` up to ``seq`` (a consumer that reads a
@@ -343,7 +349,7 @@ class FlowCalls:
         comes back and waits (``key_order``). The delay is durable (``Writer.set_delays``,
         ending ``now_ns`` + delay on the wall clock): it holds across a restart and a move to
         another process. Returns the writes to submit and the seqs given back."""
-        ps, slot = self._held_part(flow, msg, "nacked")
+        ps, slot = self.held_part(flow, msg, "nacked")
         if ps is None:
             return [], []
         failures = ps.ack.failed(msg.seq) + 1
@@ -366,19 +372,25 @@ class FlowCalls:
         """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its
         dead message queue in one write; the rest of its partition flows on. Returns the
         writes."""
-        ps, slot = self._held_part(flow, msg, "rejected")
+        ps, slot = self.held_part(flow, msg, "rejected")
         if ps is None or ps.inflight.get(msg.seq) != flow.flow_id:
             return []
-        del ps.inflight[msg.seq]
-        flow.inflight -= 1
         dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1)]
-        self._acked_dead(dead)
-        ops = [dead_op(self.name, self.qid, dead, now_ns)]
-        if slot in self.core.handoffs:
-            return ops + self._run(self.core.acked(slot, self._outstanding(slot), now), now)
-        return ops
+        return [dead_op(self.name, self.qid, dead, now_ns)] + \
+            self.rejected_in_memory(flow, slot, dead, now)
 
-    def _held_part(self, flow, msg: Message, verb: str) -> tuple[Cursor | None, int]:
+    def rejected_in_memory(self, flow, slot: int, dead: list[DeadMessage], now: float) -> list:
+        """Take the reject of ``dead`` (one message of ``slot`` in flight to ``flow``) in
+        memory; returns the writes of what that set off (a handoff may complete)."""
+        ps = self.parts[slot]
+        del ps.inflight[dead[0].seq]
+        flow.inflight -= 1
+        self._acked_dead(dead)
+        if slot in self.core.handoffs:
+            return self._run(self.core.acked(slot, self._outstanding(slot), now), now)
+        return []
+
+    def held_part(self, flow, msg: Message, verb: str) -> tuple[Cursor | None, int]:
         """The cursor of ``msg``'s partition, which ``flow`` must hold (``FlowFenced``); None
         when the partition is gone (scaled down, access type changed)."""
         if msg.queue != self.name:

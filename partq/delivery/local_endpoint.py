@@ -53,6 +53,11 @@ class LocalEndpoint:
     def flow_id(self) -> str:
         return self._state.flow_id
 
+    def delivered_by(self) -> tuple[FlowDelivery, QueueDelivery, FlowState]:
+        """The delivery, queue runtime and flow state it is bound to (a transaction takes its
+        part under that delivery's lock: ``partq.delivery.txn_parts``)."""
+        return self._delivery, self._qd, self._state
+
     def receive(self, max_messages: int, timeout: float) -> list[Message]:
         return self._delivery.receive(self._qd, self._state, max_messages, timeout)
 

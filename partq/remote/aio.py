@@ -19,6 +19,7 @@ from partq.flow import Flow, received
 from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.publish.encode import check_batch
 from partq.remote import client as sync_client
+from partq.remote.client_txn import ClientTransaction
 from partq.status import QueueStatus
 
 
@@ -49,6 +50,11 @@ class AsyncClient:
                    skip_corrupt: bool = False) -> AsyncFlow:
         return AsyncFlow(await asyncio.to_thread(self.sync.bind, queue, name, hint, skip_corrupt))
 
+    def transaction(self) -> AsyncTransaction:
+        """``async with client.transaction() as tx:``: ``Client.transaction``, committed at the
+        block's end without blocking the event loop (its calls only buffer)."""
+        return AsyncTransaction(self.sync.transaction())
+
     async def queue_status(self, queue: str) -> QueueStatus:
         return await asyncio.to_thread(self.sync.queue_status, queue)
 
@@ -60,6 +66,32 @@ class AsyncClient:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+class AsyncTransaction:
+    """A ``ClientTransaction`` for ``async with``: ``ack``, ``nack``, ``reject``, ``publish``
+    and ``publish_many`` buffer (plain calls); the commit runs in a worker thread."""
+
+    def __init__(self, tx: ClientTransaction) -> None:
+        self.sync = tx
+        self.ack, self.nack, self.reject = tx.ack, tx.nack, tx.reject
+        self.publish, self.publish_many = tx.publish, tx.publish_many
+
+    @property
+    def state(self) -> str:
+        return self.sync.state
+
+    async def commit(self) -> None:
+        await asyncio.to_thread(self.sync.commit)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.sync.__exit__(exc_type, exc, tb)
+            return
+        await self.commit()
 
 
 class AsyncFlow:

@@ -34,10 +34,11 @@ from partq.errors import (
     ProtocolMismatch,
     ServerUnavailable,
 )
-from partq.flow import Flow
+from partq.flow import BoundFlows, Flow
 from partq.message import PublishResult
 from partq.publish.encode import check_types
 from partq.remote.answers import EachAnswer, items_of, result_of, results_of, unsendable
+from partq.remote.client_txn import ClientTransaction
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
 from partq.status import FlowStatus, PartitionStatus, QueueStatus
@@ -126,6 +127,7 @@ class Client:
         self.reconnect_timeout = reconnect_timeout
         self._gone: str | None = None           # why the client gave up reconnecting
         self._client_id = os.urandom(8).hex()   # the same on every connection of this client
+        self.bound_flows = BoundFlows()         # what a transaction finds received messages in
         self._beat = 10.0
         self.max_frame = MAX_FRAME
         self._outbox: Outbox | None = None
@@ -423,7 +425,13 @@ class Client:
         of ``Flow``."""
         endpoint = RemoteEndpoint(self, queue, name, skip_corrupt)
         endpoint.bind(None if hint is None else sorted(hint))
-        return Flow(endpoint, queue, name, skip_corrupt)
+        return self.bound_flows.add(Flow(endpoint, queue, name, skip_corrupt))
+
+    def transaction(self) -> ClientTransaction:
+        """``with client.transaction() as tx:``, as ``Broker.transaction``, committed by the
+        server in one write; retried under its id when the answer is lost
+        (``partq.remote.client_txn``)."""
+        return ClientTransaction(self)
 
     def attach(self, flow_id: str, endpoint: RemoteEndpoint, consumer_timeout: float) -> None:
         """Route ``flow_id``'s pushes to ``endpoint``; beat often enough for its queue."""

@@ -291,6 +291,18 @@ class RemoteEndpoint:
         with self._cond:
             self._unacked.discard((msg.partition, msg.seq))
 
+    def transaction_settled(self, msg: Message, verb: str, done: dict | None) -> None:
+        """A transaction acked, nacked or rejected ``msg`` (``done``: its answer for this flow,
+        what a nack gave back and the last deliver frame sent before; None when it had
+        committed before, on a connection since lost)."""
+        if verb != "nacked":
+            with self._cond:
+                self._unacked.discard((msg.partition, msg.seq))
+            return
+        for partition, seq, back in (done or {}).get("back", []):
+            if (partition, seq) == (msg.partition, msg.seq):
+                self._given_back(partition, set(back), int(done["upto"]))   # type: ignore[index]
+
     def _given_back(self, partition: int, back: set[int], upto: int) -> None:
         with self._cond:       # the copies the nack gives back come again, marked
             self._inbox.drop(lambda n, m: n <= upto and m.partition == partition

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import queue as queue_module
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
 from partq.errors import FlowClosed, PartqError
@@ -71,6 +71,22 @@ class Pump:
         """Queue a nack (or a reject) of ``msg`` (``messages``) for the pump thread, which
         applies it between two deliver frames."""
         self._nacks.put((req, msg, delay, reject))
+        self._wake()
+
+    @property
+    def sent(self) -> int:
+        """How many deliver frames it sent."""
+        return self._sent
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Push nothing meanwhile (a transaction naming the flow commits): what it sent is
+        ``sent`` throughout."""
+        with self._serving:
+            yield
+
+    def wake(self) -> None:
+        """Have the pump thread serve the flow (a transaction gave messages back)."""
         self._wake()
 
     def detach(self) -> None:

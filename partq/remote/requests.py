@@ -66,6 +66,18 @@ ATTEMPTS = _list_of(lambda v: type(v) is list and len(v) in (2, 3) and _int(v[0]
                     and _int(v[1], U64) and (len(v) == 2 or v[2] is None or _int(v[2], U64)),
                     "a list of [task_partition, attempt, rows or nil]")
 
+def _flow_row(v: object, n: int) -> bool:
+    """[flow, partition, seq] (and a nack's delay, n = 4)."""
+    return type(v) is list and len(v) == n and type(v[0]) is str and _int(v[1], U32) \
+        and _int(v[2], U64) and (n == 3 or v[3] is None or type(v[3]) in (int, float))
+
+
+def _publish_row(v: object) -> bool:
+    """[queue, items, ttl]."""
+    return type(v) is list and len(v) == 3 and type(v[0]) is str and type(v[1]) is list \
+        and all(type(i) is list for i in v[1]) and (v[2] is None or type(v[2]) in (int, float))
+
+
 # every request: its fields (a field not named is ignored: a newer client's extra)
 REQUESTS: dict[str, dict[str, Field]] = {
     "beat": {},
@@ -79,6 +91,16 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "nack": {"flow": FLOW, "id": ID, "delay": NUMBER},
     "reject": {"flow": FLOW, "id": ID},
     "unbind": {"flow": FLOW},
+    "transaction": {"txn": Field(lambda v: type(v) is str and 0 < len(v) <= 200,
+                                 "a transaction id (a string of 1 to 200 characters)"),
+                    "acks": _list_of(lambda v: _flow_row(v, 3), "a list of [flow, partition, seq]",
+                                     InvalidAck),
+                    "nacks": _list_of(lambda v: _flow_row(v, 4),
+                                      "a list of [flow, partition, seq, delay]", InvalidAck),
+                    "rejects": _list_of(lambda v: _flow_row(v, 3),
+                                        "a list of [flow, partition, seq]", InvalidAck),
+                    "publishes": _list_of(_publish_row, "a list of [queue, items, ttl]",
+                                          InvalidMessage)},
     "status": {"queue": QUEUE},
     "queues": {},
     "replication": {},

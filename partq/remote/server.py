@@ -12,6 +12,7 @@ One session per connection. Requests carry an id and are answered in order of co
     nack {flow, id: [partition, seq], delay} -> ok {upto} (answered by the flow's pump)
     reject {flow, id: [partition, seq]}     -> ok {upto}  (likewise)
     unbind {flow}                           -> ok
+    transaction {txn, acks, nacks, rejects, publishes} -> committed {flows}  (txn_request.py)
     status {queue}                          -> status {status}
     queues {}                               -> queues {queues: [name, ...]}
     replication {}                          -> replication {replication}
@@ -52,6 +53,7 @@ from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
 from partq.remote.pumps import Pumps
 from partq.remote.requests import check_request
+from partq.remote.txn_request import Running, run_transaction
 from partq.wire.error_frames import error_frame
 from partq.wire.frames import Outbox, printable, read_frame
 from partq.wire.listener import Limits, Listener
@@ -75,6 +77,7 @@ class Server:
         self._named: dict[tuple[str, str], Session] = {}    # named flows, by their session
         self._named_lock = threading.Lock()
         self.pumps = Pumps(broker.dispatcher)
+        self.running = Running()            # transaction ids committing now
         self.listener = Listener(listen, "serve", self._session, token=token,
                                  ssl_context=ssl_context, limits=limits)
         self.address = self.listener.address
@@ -241,6 +244,8 @@ class Session:
                 pump = self._pump(frame)
                 msg = pump.messages([frame["id"]])[0]
                 pump.nack(req, msg, frame.get("delay"), reject=op == "reject")  # the pump
+            elif op == "transaction":
+                self.send({**run_transaction(self, frame), "req": req})
             elif op == "unbind":                                           # thread applies it
                 leaving = self.flows.pop(frame["flow"], None)
                 if leaving is not None:

@@ -141,3 +141,10 @@ def test_startup_bench_quick_prints_json_lines(tmp_path):
                               ratio_from="measured", peers_in_run=True)
     for name, target in (("partq_version", 1.5), ("partq_publish", 2.0)):
         assert lines[name]["target"] == target and lines[name]["target_is"] == "ratio_max"
+
+
+def test_transactions_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("transactions", tmp_path)
+    check_bench_lines(stdout.splitlines(),
+                      {"load_average_at_start", "partq_transaction_100_acks_100_publishes"},
+                      ratio_from="measured", peers_in_run=False)

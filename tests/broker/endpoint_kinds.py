@@ -58,6 +58,13 @@ class Endpoints:
         assert self._client is not None
         return self._client.bind(queue, name=name)
 
+    def binder(self):
+        """The broker (or client) whose ``bind`` made this kind's flows: its
+        ``transaction()`` takes their messages."""
+        if self.kind == "local":
+            return self.broker
+        return self._peer if self.kind == "peer" else self._client
+
     def close(self) -> None:
         try:
             if self._client is not None:

@@ -17,10 +17,11 @@ from typing import Any
 
 from partq.config import QueueConfig, redelivery_wait
 from partq.delivery.dead_letter import dead_op, recent_dead_of, rejected
-from partq.delivery.flow_state import fenced_error, fenced_range
+from partq.delivery.flow_state import dead_error, fenced_error, fenced_range
 from partq.delivery.peers.peer_flow import PeerFlow
 from partq.delivery.saved_state import Assignment
-from partq.errors import PartqError
+from partq.delivery.txn_parts import Entry, TxnPart, unacked_check
+from partq.errors import InvalidAck, PartqError
 from partq.message import Message
 from partq.pending import WriteHandle, add_done_callback
 
@@ -79,6 +80,100 @@ class PeerAcks:
                 w.ack(qid, sp, seqs)
             self._settle_op(w, [(flow, *s) for s in handing_off])
         return self._submit_reported(flow, op, commit_here)
+
+    def transaction_part(self, flow: PeerFlow, entries: list[Entry]) -> TxnPart:
+        """The part of a transaction (``partq.delivery.txn_parts``) of ``flow``'s ``entries``,
+        each fenced in the write by the epoch its partition is held under; memory changes
+        only once the write committed, so a refused or failed transaction leaves the messages
+        in flight to the flow. Raises ``FlowFenced`` or ``InvalidAck`` at once for what memory
+        refuses already."""
+        clock = self.dispatcher.clock
+        flow.poll.touch(clock.now())
+        part = TxnPart()
+        qid, name, fid = self.qid, self.queue, flow.flow_id
+        with self.lock:
+            with self.store.read() as r:
+                assignment = self._sync(flow, r)
+            fenced: dict[str, list[Message]] = {}
+            for e in entries:
+                if e.msg.queue != name:
+                    raise InvalidAck(f"message of queue {e.msg.queue!r} {e.verb} on a flow of "
+                                     f"{name!r}")
+                cursor = None if not flow.bound else flow.cursor(e.msg.partition)
+                if cursor is None or cursor.inflight.get(e.msg.seq) != fid:
+                    fenced.setdefault(e.verb, []).append(e.msg)
+                elif e.msg.seq in cursor.dead:
+                    fenced.setdefault("died", []).append(e.msg)
+            for verb, msgs in fenced.items():
+                raise dead_error(name, flow, msgs) if verb == "died" else \
+                    fenced_error(name, flow, msgs, verb)
+            for e in entries:
+                cursor = flow.cursor(e.msg.partition)
+                assert cursor is not None            # in flight to it: checked
+                sp, fence = e.msg.partition, flow.fence(cursor)
+                part.checks.append(unacked_check(name, qid, flow, sp, [e.msg], e.verb,
+                                                 self._holder(flow, sp, fence)))
+                if e.verb == "acked":
+                    part.writes.append(lambda w, sp=sp, seq=e.msg.seq: w.ack(qid, sp, [seq]))
+                elif e.verb == "rejected":
+                    dead = [rejected(sp, e.msg.seq, cursor.ack.failed(e.msg.seq) + 1)]
+                    part.writes.append(dead_op(name, qid, dead, clock.wall_ns()))
+                else:
+                    self._nack_part(part, flow, e, assignment.config)
+        acks = [e.msg for e in entries if e.verb == "acked"]
+        rejects = [e.msg for e in entries if e.verb == "rejected"]
+        part.after.insert(0, lambda: self._after_transaction(flow, acks, rejects))
+        return part
+
+    def _holder(self, flow: PeerFlow, sp: int, fence: tuple[int, bool]):
+        return lambda w: self._holds(w, flow, sp, fence)
+
+    def _nack_part(self, part: TxnPart, flow: PeerFlow, entry: Entry, config: QueueConfig) -> None:
+        clock, msg, delay = self.dispatcher.clock, entry.msg, entry.delay
+        cursor = flow.cursor(msg.partition)
+        assert cursor is not None          # in flight to it: checked
+        failures = cursor.ack.failed(msg.seq) + 1
+        wait = redelivery_wait(config, failures) if delay is None else delay
+        until = clock.wall_ns() + int(wait * 1e9) if wait > 0 else 0
+        qid, sp = self.qid, msg.partition
+
+        def write(w) -> None:
+            w.set_failures(qid, sp, [(msg.seq, failures)])
+            if until:
+                w.set_delays(qid, sp, [(msg.seq, until)])
+        part.writes.append(write)
+
+        def after() -> list:
+            with self.lock:
+                try:
+                    taken = flow.apply_nack(msg, wait, clock.now(), until)
+                    if taken is not None:
+                        taken[0].count_lost([msg.seq])      # its count, as committed
+                        entry.back = taken[2]
+                except PartqError:
+                    pass                  # moved since the commit: its next holder has it
+            if wait > 0:
+                self.dispatcher.wake_at(clock.now() + wait)
+            return []
+        part.after.append(after)
+
+    def _after_transaction(self, flow: PeerFlow, acks: list[Message],
+                           rejects: list[Message]) -> list:
+        """A transaction with ``flow``'s ``acks`` and ``rejects`` committed: take them in memory
+        (a partition that moved since is read again from the store by its next holder), and
+        the owner hears what the flow still holds."""
+        with self.lock:
+            try:
+                with self.store.read() as r:
+                    if acks:
+                        flow.apply_acks(acks, recent_dead_of(r, self.qid))
+                for m in rejects:
+                    flow.apply_reject(m)
+            except PartqError:
+                pass
+            self._reports.append((None, flow))
+        self.dispatcher.notify()
+        return []
 
     def ack_through(self, flow: PeerFlow, sp: int, seq: int) -> WriteHandle | None:
         """Ack every message of ``sp`` up to ``seq``, fenced in the write transaction."""

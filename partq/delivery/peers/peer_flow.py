@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from partq.delivery.peers.peer_cursors import PeerCursors
+from partq.delivery.txn_parts import TxnPart
 from partq.errors import CorruptRecord, FlowClosed
 from partq.flow import FlowEndpoint, PollWatch
 from partq.message import FlowChangeUpdate, Message
@@ -40,6 +41,8 @@ class PeerGroup(Protocol):
     def reject(self, flow: PeerFlow, msg: Message) -> None: ...
 
     def unbind(self, flow: PeerFlow) -> None: ...
+
+    def transaction_part(self, flow: PeerFlow, entries: list) -> TxnPart: ...
 
     def partitions(self, flow: PeerFlow) -> frozenset[int]: ...
 
@@ -111,6 +114,14 @@ class PeerFlow(PeerCursors):
         if local is not None:
             return local.unbind()
         self._group.unbind(self)
+
+    def local_endpoint(self) -> FlowEndpoint | None:
+        """The local endpoint it forwards to once this process took delivery over, or None."""
+        return self._local
+
+    def transaction_part(self, entries: list) -> TxnPart:
+        """Its part of a transaction (``PeerAcks.transaction_part``); not handed over."""
+        return self._group.transaction_part(self, entries)
 
     def partitions(self) -> frozenset[int]:
         local = self._local
