@@ -355,7 +355,7 @@ class Broker(QueueAdmin):
                 raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
             owner = queue_holder(self.path, config.qid)
-            st = build_queue_status(r, config, view, owner)
+            st = build_queue_status(r, config, view, owner, self.clock.wall_ns())
         return with_owner_warning(st, self.path, config.qid, view is None)
 
     def rebalance_plan(self, queue: str, consumers: int | None = None,

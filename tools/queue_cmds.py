@@ -10,7 +10,7 @@ from partq.ops.copy_out import Stranded, stranded_state
 from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
-from partq.tools.output import Output, config_doc, on_off, output_options
+from partq.tools.output import Output, config_doc, on_off, output_options, printable, truncate
 from partq.tools.queue_settings import setting_options
 
 # the fields of a ``partq.ops.stats.queue_row`` that ``queue list --json`` reports, in its order
@@ -124,9 +124,13 @@ def show(app: App, name: str, out: Output) -> None:
     Its lifecycle counts, since the queue was created: dead messages by reason (expired,
     delivered --max-redelivery times, rejected), those of them discarded for want of a dead
     message queue, publishes its quota refused or discarded, and the partitions waiting out a
-    nack's redelivery delay now. Under --ordering key, HELD says how many keys and messages of a
-    partition wait now, and why (a nack's delay, a handoff's draining keys, an online
-    scaling's cut-over).
+    nack's redelivery delay now. HELD says why a partition's messages wait now (a nack's
+    delay, a handoff's draining keys, an online scaling's cut-over; under --ordering key how
+    many keys and messages).
+
+    BLOCKED lists the partitions stuck on a message that came back unacked (a poison message):
+    its seq, key, delivery count, when it is retried and how long ago it was published. `partq
+    message kill` (to the dead message queue) or `partq message ack` clears it at once.
 
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
@@ -169,6 +173,7 @@ def show(app: App, name: str, out: Output) -> None:
         f" (lease renewed {st.delivery_owner_beat_age:.1f} s ago)"
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}{beat}")
     _show_lifecycle(out, st)
+    _show_blocked(out, name, st)
     out.echo()
     errors = any(p.error for p in st.partitions)
     held = any(held_text(p) for p in st.partitions)
@@ -200,6 +205,31 @@ def _show_lifecycle(out: Output, st) -> None:
              f"{dead.get('discarded', 0)} (no dead message queue to go to)")
     out.echo(f"  quota refused {st.quota_refused}, quota discarded {st.quota_discarded}; "
              f"partitions waiting out a nack's delay {st.delayed}")
+
+
+def _show_blocked(out: Output, name: str, st) -> None:
+    """The poison view of ``queue show``: per stuck partition the message it waits on
+    (``PartitionStatus.blocked``), and how to clear it."""
+    blocked = [p.blocked for p in st.partitions if p.blocked is not None]
+    if not blocked:
+        return
+    out.echo()
+    n = len(blocked)
+    out.echo(f"  BLOCKED: {n} partition{'s' if n != 1 else ''} stuck on a message that came back "
+             f"unacked (under ordering \"key\" only its key waits)")
+    now = time.time()
+    out.table(["PARTITION", "SEQ", "KEY", "DELIVERY COUNT", "NEXT RETRY", "STUCK FOR",
+               "BEHIND IT"],
+              [[partition_label(b.partition), b.seq,
+                None if b.key is None else truncate(printable(b.key), 32), b.delivery_count,
+                "now" if b.next_retry is None else f"in {max(0.0, b.next_retry - now):.1f}s",
+                None if b.publish_time_ns is None
+                else f"{max(0.0, now - b.publish_time_ns / 1e9):.1f}s", b.behind]
+               for b in blocked], indent="    ")
+    first = blocked[0]
+    out.echo(f"    clear one nobody can process: `partq message kill {name} "
+             f"{partition_label(first.partition)} {first.seq}` (to the dead message queue) or "
+             f"`partq message ack {name} {partition_label(first.partition)} {first.seq}`")
 
 
 def _show_value(v) -> str:

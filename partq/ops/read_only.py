@@ -79,7 +79,8 @@ class ReadOnlyBroker(Broker):
             if raw is None:
                 raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
-            st = build_queue_status(r, config, view, queue_holder(self.path, config.qid))
+            st = build_queue_status(r, config, view, queue_holder(self.path, config.qid),
+                                    self.clock.wall_ns())
         st = with_owner_warning(st, self.path, config.qid, view is None)
         locks = os.path.join(self.path, LOCK_DIR)
         if os.path.isdir(locks) and not os.access(locks, os.R_OK | os.X_OK):
