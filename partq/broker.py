@@ -25,6 +25,7 @@ from partq.core.rebalance_plan import plan_rebalance
 from partq.core.rebalancer import Rebalancer
 from partq.delivery import Dispatcher, expiry, queue_holder
 from partq.delivery.layout import delivery_layout
+from partq.delivery.lock import beat_age, lock_path
 from partq.delivery.open_report import log_open_report
 from partq.delivery.saved_state import decode_state
 from partq.errors import (
@@ -355,7 +356,8 @@ class Broker(QueueAdmin):
                 raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
             owner = queue_holder(self.path, config.qid)
-            st = build_queue_status(r, config, view, owner, self.clock.wall_ns())
+            st = build_queue_status(r, config, view, owner, self.clock.wall_ns(),
+                                    None if owner else beat_age(lock_path(self.path, config.qid)))
         return with_owner_warning(st, self.path, config.qid, view is None)
 
     def rebalance_plan(self, queue: str, consumers: int | None = None,

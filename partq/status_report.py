@@ -11,7 +11,13 @@ from partq.delivery.holds import hold_report, read_cutover
 from partq.delivery.layout import delivery_layout
 from partq.delivery.lock import beat_age, lock_path
 from partq.delivery.peers.owner_channel import silent_owner_warning
-from partq.delivery.saved_state import DeliveryView, SlotView, decode_state, stored_view
+from partq.delivery.saved_state import (
+    DeliveryView,
+    SlotView,
+    decode_state,
+    ghosts_forgotten,
+    stored_view,
+)
 from partq.publish.publisher import discarded_count
 from partq.publish.quota import quota_counts
 from partq.scaling.record import read_procedure
@@ -35,15 +41,20 @@ def with_owner_warning(st: QueueStatus, store_path: str, qid: int,
 
 
 def build_queue_status(r, config: QueueConfig, view: DeliveryView | None,
-                       owner: str | None, now_ns: int) -> QueueStatus:
+                       owner: str | None, now_ns: int,
+                       silent_for: float | None = None) -> QueueStatus:
     """The status of ``config``'s queue in read snapshot ``r``. ``view``: the live delivery
     view when this process runs the queue's delivery; ``owner``: the text of the process that
     holds its delivery lock, if any; ``now_ns``: wall time, to tell a nack's delay pending
-    from one over (``blocked``). An exclusive queue shows one partition, ``PARENT``."""
+    from one over (``blocked``); ``silent_for``: seconds since the last delivery owner beat its
+    lock when none runs now (its flows are not shown past ``ghosts_forgotten``). An exclusive
+    queue shows one partition, ``PARENT``."""
     mode, index = delivery_layout(config)
     if view is None or view.mode != mode:
         state = decode_state(r.state(config.qid), f"queue {config.name!r}")
-        view = stored_view(state, mode, index, owner is not None)
+        forgotten = owner is None and ghosts_forgotten(silent_for, config.consumer_timeout,
+                                                       config.rebalance_delay)
+        view = stored_view(state, mode, index, owner is not None, forgotten)
     # the owner may not have applied a new partition count yet: show the stored count, and
     # partitions it does not deliver yet as Unassigned
     shown = {slot.partition: slot for slot in view.slots}

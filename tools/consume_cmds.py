@@ -32,7 +32,9 @@ POLL = 0.5          # seconds of one receive, between checks for a signal
 @click.command()
 @click.argument("queue")
 @click.option("--name", "-n", help="The consumer's name: one that binds again under it within "
-                                   "the queue's rebalance delay gets its partitions back.")
+                                   "the queue's rebalance delay gets its partitions back. "
+                                   "Without one, it leaves when it ends: its partitions go to "
+                                   "the other consumers at once.")
 @click.option("--max", "max_messages", type=click.IntRange(min=0), default=0, show_default=True,
               help="Stop after this many messages (0: no limit).")
 @click.option("--timeout", type=Seconds(), default=None,
@@ -112,8 +114,11 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
                 received += len(msgs)
                 idle_since = time.monotonic()
         finally:
+            # bound without a name, it leaves as the broker closes: its partitions go to the
+            # other consumers at once; with one, it unbinds, and is waited for
             try:
-                flow.unbind()
+                if name is not None:
+                    flow.unbind()
             except PartqError:
                 pass      # already unbound (the queue was deleted or changed): it said why
     if not out.json:
