@@ -5,7 +5,7 @@ import time
 
 import click
 
-from partq.errors import DeliveryLocked
+from partq.errors import DeliveryLocked, QueueNotFound
 from partq.ops.copy_out import Stranded, stranded_state
 from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
@@ -44,9 +44,14 @@ def create(app: App, name: str, partitions: int, settings: dict, exist_ok: bool,
     with app.broker() as broker:
         before = {c.qid for c in broker.queues()} if exist_ok else set()
         config = broker.create_queue(name, partitions=partitions, exist_ok=exist_ok, **settings)
+        warnings = _dead_queue_warnings(broker, config)
     created = config.qid not in before
+    for warning in warnings:
+        out.warn(warning)
     if out.json:
-        out.doc({**config_doc(config), "created": created})
+        # "warnings" only when there are: the document stays as it was otherwise
+        out.doc({**config_doc(config), "created": created,
+                 **({"warnings": warnings} if warnings else {})})
         return
     what = "created" if created else "queue exists already:"
     if not config.partitioned:
@@ -232,6 +237,24 @@ def _show_blocked(out: Output, name: str, st) -> None:
              f"`partq message ack {name} {partition_label(first.partition)} {first.seq}`")
 
 
+def _dead_queue_warnings(broker, config) -> list[str]:
+    """What to say when the dead message queue ``config`` names cannot take dead messages now
+    (it does not exist, or its ingress is off): they would be discarded, counted."""
+    name = config.dead_message_queue
+    if not name:
+        return []
+    try:
+        target = broker.queue_config(name)
+    except QueueNotFound:
+        return [f"dead message queue {name!r} does not exist: until it does, dead messages of "
+                f"queue {config.name!r} are discarded (counted); create it with `partq queue "
+                f"create {name}`"]
+    if not target.ingress_enabled:
+        return [f"dead message queue {name!r} has its ingress off: until it is on, dead "
+                f"messages of queue {config.name!r} are discarded (counted)"]
+    return []
+
+
 def _show_value(v) -> str:
     if isinstance(v, bool):
         return on_off(v)
@@ -276,9 +299,14 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
         if access != current.access_type and access == "non-exclusive":
             left = stranded_state(broker, name, broker.queue_status(name).parent_depth)
             note = None if left is None else stranded(left)
+        warnings = _dead_queue_warnings(broker, updated) if "dead_message_queue" in settings \
+            else []
     changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
+    for warning in warnings:
+        out.warn(warning)
     if out.json:
-        out.doc({"queue": name, "changed": changed, "config": config_doc(updated)})
+        out.doc({"queue": name, "changed": changed, "config": config_doc(updated),
+                 **({"warnings": warnings} if warnings else {})})
         return
     if not changed:
         out.echo(f"queue {name!r}: nothing changed")

@@ -128,3 +128,21 @@ def test_consume_json_carries_the_lifecycle(run, broker, jobs):
     assert rows == []                 # fourth waits out its delay
     (left,) = json_lines(ok(run("inspect", jobs, "--json")).stdout)[-1:]
     assert left["payload"] == "fourth" and left["next_retry"] > time.time() + 20
+
+
+def test_a_dead_message_queue_that_does_not_exist_is_warned_about(run):
+    """`--dead-message-queue jobs.dead` while jobs.dead does not exist: dead messages would be
+    discarded; create and update say so, in text and in --json warnings."""
+    result = ok(run("queue", "create", "jobs", "--dead-message-queue", "jobs.dead"))
+    assert "Warning: dead message queue 'jobs.dead' does not exist" in result.stderr
+    assert "partq queue create jobs.dead" in result.stderr
+    doc = json.loads(ok(run("queue", "update", "jobs", "--dead-message-queue", "nope",
+                            "--json")).stdout)
+    assert doc["warnings"] and "'nope' does not exist" in doc["warnings"][0]
+    ok(run("queue", "create", "jobs.dead"))
+    doc = json.loads(ok(run("queue", "update", "jobs", "--dead-message-queue", "jobs.dead",
+                            "--json")).stdout)
+    assert "warnings" not in doc
+    ok(run("queue", "update", "jobs.dead", "--ingress", "off"))
+    result = ok(run("queue", "update", "jobs", "--dead-message-queue", "jobs.dead"))
+    assert "has its ingress off" in result.stderr
