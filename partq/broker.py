@@ -375,6 +375,11 @@ class Broker(QueueAdmin):
             state = decode_state(r.state(config.qid), f"queue {queue!r}")
         core = (state.core if state is not None and state.mode == mode
                 else Rebalancer(len(index), 0, 0).to_dict())
+        if core["n"] != len(index):     # scaled while no process ran delivery: plan the new count
+            n = len(index)
+            core = {**core, "n": n, "epochs": (list(core.get("epochs", [])) + [0] * n)[:n],
+                    "flows": [[*f[:4], [p for p in f[4] if p < n]] for f in core["flows"]],
+                    "handoffs": [h for h in core["handoffs"] if h[0] < n]}
         doc = plan_rebalance(
             core, owner_running=st.delivery_owner is not None,
             rebalance_delay=config.rebalance_delay, max_handoff_time=config.max_handoff_time,

@@ -131,3 +131,18 @@ def test_the_flow_of_a_process_that_exited_is_gone_from_status(tmp_path, how):
     st = wait_until(lambda: (lambda s: s if not s["flows"] else None)(_status(data)), 20,
                     "the killed process's flow gone from status")
     assert {p["status"] for p in st["partitions"]} == {"Unassigned"}
+
+
+def test_rebalance_dry_run_plans_every_partition_after_a_scale_with_no_delivery_running(
+        tmp_path):
+    """Scaled from 4 to 8 while no process ran delivery: the plan covers partitions 0-7 (it
+    planned only 0-3, the count the last owner stored)."""
+    import json
+    data = tmp_path / "data"
+    with partq.Broker.open(data) as broker:
+        broker.create_queue("q", partitions=4, rebalance_delay=0)
+        broker.publish("q", b"x")
+    _script(data, "consume", "q", "--name", "c", "--max", "1", "--ack", "--timeout", "5")
+    _script(data, "scale", "q", "--partitions", "8", "--yes")
+    doc = json.loads(_script(data, "rebalance", "q", "--dry-run", "--json"))
+    assert doc["unassigned"] == list(range(8))
