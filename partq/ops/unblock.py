@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from partq.delivery.blocked import blocking
 from partq.ops.browse import load_config
-from partq.storage.encoding import record_fields
+from partq.storage.encoding import PARENT, record_fields
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class After:
 def before(store, queue: str, partition: int, seq: int) -> Position | None:
     """The unacked message at a position (None: acked already, no such message, or a damaged
     record's position, whose key is unknown; the broker says what is wrong)."""
+    if not (0 <= partition <= PARENT and 0 <= seq < 2 ** 64):
+        return None             # no such position: the broker's kill or ack says why
     now_ns = time.time_ns()
     with store.read() as r:
         config = load_config(r, queue)
