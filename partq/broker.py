@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from partq import scaling
 from partq.clock import SystemClock
 from partq.config import QueueConfig
-from partq.delivery.lock import queue_holder
+from partq.delivery.lock import beat_age, lock_path, queue_holder
 from partq.delivery.open_report import log_open_report
 from partq.errors import (
     BrokerClosed,
@@ -406,7 +406,8 @@ class Broker(QueueAdmin):
                 raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
             owner = queue_holder(self.path, config.qid)
-            st = build_queue_status(r, config, view, owner)
+            st = build_queue_status(r, config, view, owner, self.clock.wall_ns(),
+                                    None if owner else beat_age(lock_path(self.path, config.qid)))
         return with_owner_warning(st, self.path, config.qid, view is None)
 
     def rebalance_plan(self, queue: str, consumers: int | None = None,
@@ -428,6 +429,11 @@ class Broker(QueueAdmin):
             state = decode_state(r.state(config.qid), f"queue {queue!r}")
         core = (state.core if state is not None and state.mode == mode
                 else Rebalancer(len(index), 0, 0).to_dict())
+        if core["n"] != len(index):     # scaled while no process ran delivery: plan the new count
+            n = len(index)
+            core = {**core, "n": n, "epochs": (list(core.get("epochs", [])) + [0] * n)[:n],
+                    "flows": [[*f[:4], [p for p in f[4] if p < n]] for f in core["flows"]],
+                    "handoffs": [h for h in core["handoffs"] if h[0] < n]}
         doc = plan_rebalance(
             core, owner_running=st.delivery_owner is not None,
             rebalance_delay=config.rebalance_delay, max_handoff_time=config.max_handoff_time,

@@ -7,6 +7,22 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Blocked:
+    """The message a stuck partition waits on (``partq.delivery.blocked``): the lowest unacked
+    one that came back unacked at least once or waits out a nack's delay. Kill or ack it by its
+    position (``Broker.kill_message``, ``partq message kill``) when nobody can process it."""
+    partition: int
+    seq: int
+    key: str | None
+    delivery_count: int         # the count its current or next delivery carries
+    next_retry: float | None    # wall time (s) a nack's delay ends (None: no delay pending)
+    # when it was published, wall ns (None: its record is damaged): it has blocked its
+    # partition (or its key) at most since then
+    publish_time_ns: int | None
+    behind: int = 0             # unacked messages after it in its partition
+
+
+@dataclass(frozen=True)
 class PartitionStatus:
     partition: int              # PARENT (0xFFFFFFFF) for the parent queue of an exclusive queue
     status: str                 # Unassigned | Ready | Paused | Unbound (rule `partition-status`)
@@ -26,6 +42,9 @@ class PartitionStatus:
     # old flow of a handoff still holds; the partition shows its new flow, Ready), "cut-over"
     # (an online scaling's)
     held_for: list[str] = field(default_factory=list)
+    blocked: Blocked | None = None      # the message it is stuck on (None: not stuck)
+    # when its oldest unacked message was published, wall ns (None: nothing unacked)
+    oldest_unacked_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,10 @@ class QueueStatus:
     cutover: dict | None = None     # an online scaling still draining (rule `online-scaling`): per
                                     # old partition its cut-over seq, messages to ack, messages held
                                     # (``partq.delivery.holds.hold_report``)
+    stuck_partitions: int = 0       # partitions with a ``blocked`` message now
+    # when its oldest unacked message was published, wall ns (None: nothing unacked); its age
+    # is now minus that (``partq stats``, the metric partq_oldest_unacked_age_seconds)
+    oldest_unacked_ns: int | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

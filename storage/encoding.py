@@ -307,6 +307,16 @@ class AckState:
         """Times ``seq`` came back unacked."""
         return self.failures.get(seq, 0) if self.failures else 0
 
+    def retry_at_ns(self, seq: int) -> int | None:
+        """The wall-clock ns before which a nack's delay keeps ``seq`` from being delivered
+        again (None: no delay was set; it may have ended already)."""
+        return self.delays.get(seq) if self.delays else None
+
+    def retried_seqs(self) -> list[int]:
+        """The unacked seqs that came back unacked at least once or wait out a nack's delay,
+        in order."""
+        return sorted(s for s in {*self.failures, *self.delays} if not self.is_acked(s))
+
     def backlog(self, head: int) -> int:
         """Messages published and not acked, for a partition whose next sequence is ``head``."""
         return head - self.floor - len(self.above)

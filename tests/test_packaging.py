@@ -131,3 +131,15 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_readme_and_the_command(dis
     assert run(partq_cmd, "--version").stdout.strip() == f"partq {partq.__version__}"
     assert run(str(py), "-m", "partq", "--version").stdout.strip() == f"partq {partq.__version__}"
     run(str(py), "-c", "import partq; assert callable(partq.aio.connect)")
+
+
+def test_the_sdist_carries_the_documents_readme_links_to(dist):
+    """README links to docs/*.md: a user who unpacks the sdist finds them (it lacked docs/)."""
+    import re
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)", (REPO / "README.md").read_text()))
+    assert linked, "README links to no docs/ page"
+    with tarfile.open(only(dist, "partq-*.tar.gz")) as sdist:
+        names = sdist.getnames()
+    top = names[0].split("/")[0]
+    assert {f"{top}/{path}" for path in linked} - set(names) == set()
+    assert {f"{top}/README.md", f"{top}/LICENSE"} <= set(names)

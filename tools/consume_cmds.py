@@ -12,6 +12,7 @@ import time
 
 import click
 
+from partq.config import redelivery_wait
 from partq.errors import PartqError
 from partq.ops.formatting import partition_label
 from partq.tools.common import App, Seconds, pass_app, require, stop_on_signals
@@ -31,7 +32,9 @@ POLL = 0.5          # seconds of one receive, between checks for a signal
 @click.command()
 @click.argument("queue")
 @click.option("--name", "-n", help="The consumer's name: one that binds again under it within "
-                                   "the queue's rebalance delay gets its partitions back.")
+                                   "the queue's rebalance delay gets its partitions back. "
+                                   "Without one, it leaves when it ends: its partitions go to "
+                                   "the other consumers at once.")
 @click.option("--max", "max_messages", type=click.IntRange(min=0), default=0, show_default=True,
               help="Stop after this many messages (0: no limit).")
 @click.option("--timeout", type=Seconds(), default=None,
@@ -67,8 +70,11 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
     delivery (a service, `partq serve`), that process serves it. Ctrl-C or SIGTERM ends it
     cleanly; a summary goes to stderr. To look without consuming, use `partq inspect`.
 
-    Each message shows its delivery count (1 on its first delivery). --nack and --reject try
-    out a queue's --max-redelivery and --dead-message-queue settings.
+    Each message shows its delivery count (1 on its first delivery), "redelivered" when it
+    came back unacked before, and "held behind" when it came back only because an earlier
+    message of its partition was nacked (it is not counted). --nack and --reject try out a
+    queue's --max-redelivery and --dead-message-queue settings; with --json, next_retry (wall
+    time in seconds) says when a nacked message comes back and dead_reason why one died.
     """
     if ack + nack + reject > 1:
         raise click.UsageError("pass at most one of --ack, --nack and --reject")
@@ -95,8 +101,9 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
                     if timeout is not None and time.monotonic() - idle_since >= timeout:
                         break
                     continue
+                fates = _fates(broker, queue, msgs, action)
                 for msg in msgs:
-                    _print(out, msg, payload_mode, width, action)
+                    _print(out, msg, payload_mode, width, action, fates.get(msg.partition))
                 sys.stdout.flush()
                 if ack:
                     flow.ack_many(msgs)
@@ -107,8 +114,11 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
                 received += len(msgs)
                 idle_since = time.monotonic()
         finally:
+            # bound without a name, it leaves as the broker closes: its partitions go to the
+            # other consumers at once; with one, it unbinds, and is waited for
             try:
-                flow.unbind()
+                if name is not None:
+                    flow.unbind()
             except PartqError:
                 pass      # already unbound (the queue was deleted or changed): it said why
     if not out.json:
@@ -119,21 +129,52 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
                    f"{queue!r} ({what})", err=True)
 
 
-def _print(out: Output, msg, payload_mode: str, width: int, action: str | None) -> None:
+def _fates(broker, queue: str, msgs, action: str | None) -> dict[int, tuple]:
+    """What this consumer's nack or reject does to each partition's first message of a
+    batch: partition -> ``(next_retry, dead_reason)``. A reject makes it dead ("rejected"); a
+    nack delays it by the queue's redelivery delay rule (``next_retry``, wall time in s; the
+    later messages of its partition wait behind it), or makes it dead ("max_redelivery") when
+    it had its last delivery."""
+    if action not in ("nack", "reject"):
+        return {}
+    config = broker.queue_config(queue)
+    fates: dict[int, tuple] = {}
+    for msg in msgs:
+        if msg.partition in fates:
+            continue
+        if action == "reject":
+            fates[msg.partition] = (None, "rejected")
+        elif config.max_redelivery and msg.delivery_count > config.max_redelivery:
+            fates[msg.partition] = (None, "max_redelivery")
+        else:
+            wait = redelivery_wait(config, msg.delivery_count)
+            fates[msg.partition] = (time.time() + wait if wait > 0 else None, None)
+    return fates
+
+
+def _print(out: Output, msg, payload_mode: str, width: int, action: str | None,
+           fate: tuple | None) -> None:
     encoding, text = encode_payload(msg.payload, payload_mode, out.json)
+    next_retry, dead_reason = fate if fate is not None else (None, None)
+    # given back only to keep order behind another message's nack: marked redelivered, not
+    # counted (its delivery count is still 1)
+    held_behind = msg.redelivered and msg.delivery_count == 1
     if out.json:
         out.line({"queue": msg.queue, "partition": msg.partition, "seq": msg.seq, "key": msg.key,
                   "publish_time_ns": msg.publish_time_ns,
                   "publish_time": iso_time(msg.publish_time_ns), "size": len(msg.payload),
                   "headers": msg.headers, "redelivered": msg.redelivered,
-                  "delivery_count": msg.delivery_count, "acked": action == "ack",
+                  "delivery_count": msg.delivery_count, "held_behind": held_behind,
+                  "next_retry": next_retry, "dead_reason": dead_reason, "acked": action == "ack",
                   "action": action, "payload_encoding": encoding, "payload": text})
         return
     shown = printable(text) if encoding == "text" else f"{encoding}:{text}"
     parts = [f"{partition_label(msg.partition)}:{msg.seq}"]
     if msg.key is not None:
         parts.append(f"key={truncate(printable(msg.key), 32)}")
-    if msg.redelivered:
+    if held_behind:
+        parts.append("held behind")
+    elif msg.redelivered:
         parts.append("redelivered")
     parts.append(f"delivery_count={msg.delivery_count}")
     if msg.headers:

@@ -7,6 +7,7 @@ import click
 
 from partq.errors import IngressDisabled, QueueFull, QueueNotFound
 from partq.ops import requeue as requeue_ops
+from partq.ops import unblock
 from partq.ops.browse import browse
 from partq.ops.formatting import partition_label
 from partq.storage.encoding import PARENT
@@ -105,14 +106,19 @@ def kill(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output)
 
     PARTITION is a number, or parent for the log of an exclusive queue (as `partq consume` and
     `partq inspect` show positions). Whoever delivers the partition, in this process or
-    another, sees it before its next delivery. A message acked already is left as it is.
+    another, sees it before its next delivery, and a nack's delay pending on the message ends
+    at once: the partition goes on without waiting it out. It says what it freed: the
+    message's key and deliveries, and the seq the partition delivers next.
+    A message acked already is left as it is.
     """
     with app.broker() as broker:
         dead_queue = _where_dead(broker, queue)
         _ask(broker, yes, "kill", queue, partition, seq,
              f"It is moved to dead message queue {dead_queue!r}." if dead_queue else
              "It is discarded (counted): the queue has no dead message queue to take it.")
+        was = unblock.before(broker.store, queue, partition, seq)
         killed = broker.kill_message(queue, partition, seq)
+        now = unblock.after(broker.store, queue, partition) if killed else None
     outcome = "already_acked" if not killed else "moved" if dead_queue else "discarded"
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "killed": killed,
@@ -120,12 +126,37 @@ def kill(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output)
         return
     where = _where(queue, partition, seq)
     if outcome == "moved":
-        out.echo(f"killed {where}: moved to dead message queue {dead_queue!r}")
+        out.echo(_freed(f"killed {where}", was, f"moved to dead message queue {dead_queue!r}",
+                        partition, now))
     elif outcome == "discarded":
-        out.echo(f"killed {where}: discarded, counted (no dead message queue to take it; set "
-                 f"one with `partq queue update {queue} --dead-message-queue NAME`)")
+        out.echo(_freed(f"killed {where}", was,
+                        f"discarded, counted (no dead message queue to take it; set one with "
+                        f"`partq queue update {queue} --dead-message-queue NAME`)", partition,
+                        now))
     else:
         out.echo(f"{where} was acked already; nothing changed")
+
+
+def _freed(done: str, was: unblock.Position | None, outcome: str | None, partition: int,
+           now: unblock.After | None) -> str:
+    """What a kill or ack freed, as "killed message 0 of partition 0 of queue 'jobs' (key k,
+    delivered 5 times): moved to dead message queue 'dmq'; partition 0 unblocked: next is seq
+    1"."""
+    text = done
+    if was is not None:
+        key = "no key" if was.key is None else f"key {truncate(printable(was.key), 32)}"
+        n = was.delivery_count
+        text += f" ({key}, delivered {n} time{'s' if n != 1 else ''}"
+        text += ", its retry delay ended)" if was.retry_pending else ")"
+    if outcome:
+        text += f": {outcome}"
+    if now is None:
+        return text
+    label = partition_label(partition)
+    if now.stuck_on is not None:
+        return text + f"; partition {label} is still stuck, on seq {now.stuck_on}"
+    nxt = "nothing waits" if now.next_seq is None else f"next is seq {now.next_seq}"
+    return text + f"; partition {label} unblocked: {nxt}"
 
 
 @position_command("ack")
@@ -134,18 +165,22 @@ def ack(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output) 
     delivered again, and the partition flows on.
 
     PARTITION is a number, or parent for the log of an exclusive queue. Whoever delivers the
-    partition, in this process or another, sees it before its next delivery. To keep the
+    partition, in this process or another, sees it before its next delivery, and a nack's
+    delay pending on the message ends at once. It says what it freed, as kill does. To keep the
     message, kill it instead: `partq message kill` moves it to the dead message queue.
     """
     with app.broker() as broker:
         _ask(broker, yes, "ack", queue, partition, seq, "It is gone for good.")
+        was = unblock.before(broker.store, queue, partition, seq)
         acked = broker.ack_message(queue, partition, seq)
+        now = unblock.after(broker.store, queue, partition) if acked else None
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "acked": acked,
                  "outcome": "acked" if acked else "already_acked"})
         return
     where = _where(queue, partition, seq)
-    out.echo(f"acked {where}" if acked else f"{where} was acked already; nothing changed")
+    out.echo(_freed(f"acked {where}", was, None, partition, now) if acked
+             else f"{where} was acked already; nothing changed")
 
 
 @click.group()

@@ -59,6 +59,11 @@ def inspect(app: App, queue: str, partition: int | None, parent: bool, from_seq:
     Without --partition or --parent every log is shown: the partitions, then the parent queue's
     log, shown as partition "parent"; the parent queue's log is partition 4294967295
     (partq.PARENT) in --json.
+
+    --json also says where each message stands: delivery_count (the count its current or next
+    delivery carries; null once acked), redelivered (it came back unacked at least once),
+    next_retry (wall time in seconds a nack's delay ends; null when none is pending) and
+    dead_reason (in a dead message queue: why it died; null elsewhere).
     """
     if parent and partition is not None:
         raise click.UsageError("pass either --parent or --partition, not both")
@@ -96,8 +101,10 @@ def _shown(row: dict, payload_mode: str, machine: bool) -> dict:
     return {"queue": row["queue"], "partition": row["partition"], "seq": row["seq"],
             "key": row["key"], "publish_time_ns": row["publish_time_ns"],
             "publish_time": iso_time(row["publish_time_ns"]), "size": row["size"],
-            "acked": row["acked"], "headers": row["headers"], "payload_encoding": encoding,
-            "payload": text}
+            "acked": row["acked"], "headers": row["headers"],
+            "delivery_count": row["delivery_count"], "redelivered": row["redelivered"],
+            "next_retry": row["next_retry"], "dead_reason": row["dead_reason"],
+            "payload_encoding": encoding, "payload": text}
 
 
 def _print_rows(out: Output, rows: list[dict], width: int | None) -> None:

@@ -5,12 +5,12 @@ import time
 
 import click
 
-from partq.errors import DeliveryLocked
+from partq.errors import DeliveryLocked, QueueNotFound
 from partq.ops.copy_out import Stranded, stranded_state
 from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
-from partq.tools.output import Output, config_doc, on_off, output_options
+from partq.tools.output import Output, config_doc, on_off, output_options, printable, truncate
 from partq.tools.queue_settings import setting_options
 
 # the fields of a ``partq.ops.stats.queue_row`` that ``queue list --json`` reports, in its order
@@ -44,9 +44,14 @@ def create(app: App, name: str, partitions: int, settings: dict, exist_ok: bool,
     with app.broker() as broker:
         before = {c.qid for c in broker.queues()} if exist_ok else set()
         config = broker.create_queue(name, partitions=partitions, exist_ok=exist_ok, **settings)
+        warnings = _dead_queue_warnings(broker, config)
     created = config.qid not in before
+    for warning in warnings:
+        out.warn(warning)
     if out.json:
-        out.doc({**config_doc(config), "created": created})
+        # "warnings" only when there are: the document stays as it was otherwise
+        out.doc({**config_doc(config), "created": created,
+                 **({"warnings": warnings} if warnings else {})})
         return
     what = "created" if created else "queue exists already:"
     if not config.partitioned:
@@ -124,9 +129,13 @@ def show(app: App, name: str, out: Output) -> None:
     Its lifecycle counts, since the queue was created: dead messages by reason (expired,
     delivered --max-redelivery times, rejected), those of them discarded for want of a dead
     message queue, publishes its quota refused or discarded, and the partitions waiting out a
-    nack's redelivery delay now. Under --ordering key, HELD says how many keys and messages of a
-    partition wait now, and why (a nack's delay, a handoff's draining keys, an online
-    scaling's cut-over).
+    nack's redelivery delay now. HELD says why a partition's messages wait now (a nack's
+    delay, a handoff's draining keys, an online scaling's cut-over; under --ordering key how
+    many keys and messages).
+
+    BLOCKED lists the partitions stuck on a message that came back unacked (a poison message):
+    its seq, key, delivery count, when it is retried and how long ago it was published. `partq
+    message kill` (to the dead message queue) or `partq message ack` clears it at once.
 
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
@@ -169,6 +178,7 @@ def show(app: App, name: str, out: Output) -> None:
         f" (lease renewed {st.delivery_owner_beat_age:.1f} s ago)"
     out.echo(f"  delivery owner: {st.delivery_owner or 'none (no process runs delivery)'}{beat}")
     _show_lifecycle(out, st)
+    _show_blocked(out, name, st)
     out.echo()
     errors = any(p.error for p in st.partitions)
     held = any(held_text(p) for p in st.partitions)
@@ -200,6 +210,49 @@ def _show_lifecycle(out: Output, st) -> None:
              f"{dead.get('discarded', 0)} (no dead message queue to go to)")
     out.echo(f"  quota refused {st.quota_refused}, quota discarded {st.quota_discarded}; "
              f"partitions waiting out a nack's delay {st.delayed}")
+
+
+def _show_blocked(out: Output, name: str, st) -> None:
+    """The poison view of ``queue show``: per stuck partition the message it waits on
+    (``PartitionStatus.blocked``), and how to clear it."""
+    blocked = [p.blocked for p in st.partitions if p.blocked is not None]
+    if not blocked:
+        return
+    out.echo()
+    n = len(blocked)
+    out.echo(f"  BLOCKED: {n} partition{'s' if n != 1 else ''} stuck on a message that came back "
+             f"unacked (under ordering \"key\" only its key waits)")
+    now = time.time()
+    out.table(["PARTITION", "SEQ", "KEY", "DELIVERY COUNT", "NEXT RETRY", "STUCK FOR",
+               "BEHIND IT"],
+              [[partition_label(b.partition), b.seq,
+                None if b.key is None else truncate(printable(b.key), 32), b.delivery_count,
+                "now" if b.next_retry is None else f"in {max(0.0, b.next_retry - now):.1f}s",
+                None if b.publish_time_ns is None
+                else f"{max(0.0, now - b.publish_time_ns / 1e9):.1f}s", b.behind]
+               for b in blocked], indent="    ")
+    first = blocked[0]
+    out.echo(f"    clear one nobody can process: `partq message kill {name} "
+             f"{partition_label(first.partition)} {first.seq}` (to the dead message queue) or "
+             f"`partq message ack {name} {partition_label(first.partition)} {first.seq}`")
+
+
+def _dead_queue_warnings(broker, config) -> list[str]:
+    """What to say when the dead message queue ``config`` names cannot take dead messages now
+    (it does not exist, or its ingress is off): they would be discarded, counted."""
+    name = config.dead_message_queue
+    if not name:
+        return []
+    try:
+        target = broker.queue_config(name)
+    except QueueNotFound:
+        return [f"dead message queue {name!r} does not exist: until it does, dead messages of "
+                f"queue {config.name!r} are discarded (counted); create it with `partq queue "
+                f"create {name}`"]
+    if not target.ingress_enabled:
+        return [f"dead message queue {name!r} has its ingress off: until it is on, dead "
+                f"messages of queue {config.name!r} are discarded (counted)"]
+    return []
 
 
 def _show_value(v) -> str:
@@ -246,9 +299,14 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
         if access != current.access_type and access == "non-exclusive":
             left = stranded_state(broker, name, broker.queue_status(name).parent_depth)
             note = None if left is None else stranded(left)
+        warnings = _dead_queue_warnings(broker, updated) if "dead_message_queue" in settings \
+            else []
     changed = {k: [before[k], after[k]] for k in settings if before[k] != after[k]}
+    for warning in warnings:
+        out.warn(warning)
     if out.json:
-        out.doc({"queue": name, "changed": changed, "config": config_doc(updated)})
+        out.doc({"queue": name, "changed": changed, "config": config_doc(updated),
+                 **({"warnings": warnings} if warnings else {})})
         return
     if not changed:
         out.echo(f"queue {name!r}: nothing changed")

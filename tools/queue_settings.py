@@ -64,7 +64,8 @@ SETTINGS = [
      "Deliveries after the first before a message is dead (moved to the dead message queue, or "
      "discarded and counted without one); 0: redeliver forever."),
     ("--dead-message-queue", "dead_message_queue", click.STRING,
-     "Queue of this directory that receives dead messages ('' for none)."),
+     "Queue of this directory that receives dead messages ('' for none); a warning says when "
+     "it does not exist (dead messages are then discarded, counted)."),
     ("--redelivery-delay", "redelivery_delay", click.FLOAT,
      "Seconds before a nacked message comes back (0: at once); grows with each redelivery."),
     ("--redelivery-delay-multiplier", "redelivery_delay_multiplier", click.FLOAT,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import click
 
@@ -46,7 +47,10 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     --max-depth or --max-bytes with --reject-msg-to-sender off (--json: discarded and
     quota_discarded); DEAD its dead messages (expired, delivered --max-redelivery times, or
     rejected: moved to its dead message queue, or discarded without one); QUOTA REFUSED the
-    publishes its --max-depth or --max-bytes refused.
+    publishes its --max-depth or --max-bytes refused; STUCK the partitions stuck on a message
+    that came back unacked (`partq queue show QUEUE` names it); OLDEST the age of the oldest
+    unacked message (--json: stuck_partitions, and oldest_unacked_publish_time_ns, when it was
+    published: null when nothing is unacked).
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue. Sizes: the
     file on disk; its high-water mark (used_bytes: the most of it ever in use; the file never
@@ -77,9 +81,10 @@ def stats(app: App, queue: str | None, out: Output) -> None:
         return
     out.echo()
     out.table(["QUEUE", "PARTITIONS", "DEPTH", "ACCESS", "DISCARDED", "DEAD", "QUOTA REFUSED",
-               "REBALANCE", "SCALING", "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
+               "STUCK", "OLDEST", "REBALANCE", "SCALING", "FLOWS", "ACTIVE", "INGRESS", "EGRESS"],
               [[q["name"], q["partitions"], q["depth"], q["access_type"], _discarded(q),
-                q["dead"], q["quota_refused"],
+                q["dead"], q["quota_refused"], q["stuck_partitions"],
+                _age(q["oldest_unacked_publish_time_ns"]),
                 q["rebalance_status"] or "unknown", q["scaling_status"], q["flows"],
                 q["active_flows"], on_off(q["ingress_enabled"]), on_off(q["egress_enabled"])]
                for q in queues])
@@ -88,6 +93,11 @@ def stats(app: App, queue: str | None, out: Output) -> None:
             out.warn(q["error"])
     for note in notes:
         out.warn(note)
+
+
+def _age(since_ns: int | None) -> str | None:
+    """The age of a message published at wall time ``since_ns``, as "12s"."""
+    return None if since_ns is None else f"{max(0, time.time_ns() - since_ns) / 1e9:.0f}s"
 
 
 def _discarded(row: dict) -> int | None:

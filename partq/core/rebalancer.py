@@ -153,6 +153,19 @@ class Rebalancer:
         self._trigger(now)
         return out + self._settle_or_run(now)
 
+    def leave(self, flow_id: str, now: float) -> list[Action]:
+        """A consumer leaves for good (its process closed its broker): as ``unbind``, but it
+        is no ghost to wait for: its partitions go to the other flows at once (Unassigned
+        without any), as a consumer group's member that leaves does."""
+        out = self.unbind(flow_id, now)
+        ghost = self.flows.get(flow_id)
+        if ghost is None or ghost.bound:
+            return out
+        for p in sorted(ghost.partitions):
+            out += self._move(p, flow_id, None)
+        del self.flows[flow_id]
+        return out + self._assign_unowned(now) + self._settle_or_run(now)
+
     def acked(self, p: int, outstanding: int, now: float) -> list[Action]:
         """The broker reports how many messages of ``p`` its owner still holds unacked."""
         if outstanding == 0 and p in self.handoffs:

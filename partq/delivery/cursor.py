@@ -323,8 +323,18 @@ class Cursor:
             self.merge_acks(ack)
         else:
             self.refresh(ack, settled=not self.stale)
+        self.drop_acked_waits()
         gone = [s for s in self.inflight if self.ack.is_acked(s)]
         return [self.inflight.pop(s) for s in gone]
+
+    def drop_acked_waits(self) -> None:
+        """Acks came from outside (``partq message ack|kill``): a delay of a message acked now
+        ends at once; ``take`` derives the waits left again from ``ack.delays``."""
+        self.wait_until = 0.0
+        keyed = self.keyed
+        if keyed is not None:
+            for seq in [s for s in keyed.pending if self.ack.is_acked(s)]:
+                keyed.release(seq)
 
     def put_back(self, seq: int, key: str | None, redelivered: bool) -> None:
         """A message taken for a receive whose writes failed goes out again later: under

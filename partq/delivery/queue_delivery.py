@@ -151,9 +151,10 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
         ops, self.pending_ops = self.pending_ops, []
         return ops + self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
 
-    def unbind(self, flow, now: float) -> list:
+    def unbind(self, flow, now: float, leave: bool = False) -> list:
         """The flow left: its unacked messages come back to whoever takes its partitions, each
-        counting a lost delivery (rule `delivery-count`)."""
+        counting a lost delivery (rule `delivery-count`). ``leave``: for good (``Rebalancer.leave``:
+        no ghost waits out the rebalance delay)."""
         self.flows.pop(flow.flow_id, None)
         ops = []
         for slot, ps in enumerate(self.parts):
@@ -170,7 +171,8 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                     ps.keyed.take_back(sorted(lost))
             if ps.keyed is not None and ps.keyed.early == flow.flow_id:
                 ps.keyed.early = None
-        return ops + self._run(self.core.unbind(flow.flow_id, now), now)
+        core = self.core
+        return ops + self._run((core.leave if leave else core.unbind)(flow.flow_id, now), now)
 
     def unbind_hung(self, now: float) -> list:
         """Unbind this process's flows whose handler hangs (rule `max-poll-interval`): holding
@@ -292,12 +294,15 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
         return [lambda w: w.settle(qid, sp, expected, mark, counted, counts)]
 
     def settle_all(self, now: float, now_ns: int) -> list:
-        """This process stops delivering the queue (it closes): settle every partition it
-        delivers itself; when every flow had left (ghosts waited for by the holddown), note when
-        that holddown ends, so that the next owner does not wait for them again from its own
-        start (flows still bound at the close are waited for from the next owner's first bind,
-        rule `named-flows`)."""
+        """This process stops delivering the queue (it closes): its flows bound without a name
+        leave for good (a named one is waited for); settle every partition it delivers itself;
+        when every flow had left (ghosts waited for by the holddown), note when that holddown
+        ends, so that the next owner does not wait for them again from its own start (flows
+        still bound at the close are waited for from the next owner's first bind, rule
+        `named-flows`)."""
         ops = []
+        for state in [s for s in self.flows.values() if s.remote is None and s.name is None]:
+            ops += self.unbind(state, now, leave=True)  # no name to come back under: it leaves
         for ps in self.parts:
             if not ps.remote_held and not ps.stale:
                 ops += self._settle_ops(ps)

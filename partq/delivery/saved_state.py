@@ -127,13 +127,15 @@ def view_of(core: Rebalancer, index: list[int], rebalance_status: str,
 
 
 def stored_view(state: StoredState | None, mode: str, index: list[int],
-                owner_running: bool) -> DeliveryView:
+                owner_running: bool, forgotten: bool = False) -> DeliveryView:
     """The view a process that does not run delivery shows: the owner's last stored state. When
     no process runs delivery the stored statuses are stale: the core's own (its flows are
-    ghosts: Unbound) are shown instead, and rebalancing is Ready."""
+    ghosts: Unbound) are shown instead, and rebalancing is Ready. ``forgotten``: no process
+    has run delivery for longer than its flows could come back in (``ghosts_forgotten``): no
+    flows, every partition Unassigned."""
     if state is not None and state.mode != mode:
         state = None     # the owner has not applied an access-type change yet
-    if state is None:
+    if state is None or (forgotten and not owner_running):
         return view_of(Rebalancer(len(index), 0, 0), index, RebalanceState.READY, None,
                        bound=False, mode=mode)
     core = Rebalancer.restored(state.core, 0, 0, 0)
@@ -141,6 +143,14 @@ def stored_view(state: StoredState | None, mode: str, index: list[int],
         return view_of(core, index, RebalanceState.READY, None, bound=False, mode=mode)
     return view_of(core, index, state.rebalance_status, state.partition_status, bound=False,
                    mode=mode)
+
+
+def ghosts_forgotten(silent_for: float | None, consumer_timeout: float,
+                     rebalance_delay: float) -> bool:
+    """Whether the flows of a queue's last delivery owner, which has not beaten its lock for
+    ``silent_for`` seconds (None: no owner ever ran), are past coming back: it closed or died
+    longer ago than ``consumer_timeout`` and the rebalance delay both."""
+    return silent_for is not None and silent_for > max(consumer_timeout, rebalance_delay)
 
 
 class Assignment:

@@ -177,6 +177,13 @@ class BrokerCollector(Collector):
           "off; durable)", ("queue",)).add_metric(q, st.quota_discarded)
         g("partq_delayed_partitions", "Partitions waiting out a nack's delay now (the delivery "
           "owner's)", ("queue",)).add_metric(q, st.delayed)
+        g("partq_partitions_stuck", "Partitions stuck on a message that came back unacked "
+          "(a poison message: `partq queue show` names it)", ("queue",)).add_metric(
+            q, st.stuck_partitions)
+        g("partq_oldest_unacked_age_seconds", "Seconds since the queue's oldest unacked message "
+          "was published (0: nothing unacked)", ("queue",)).add_metric(
+            q, 0.0 if st.oldest_unacked_ns is None
+            else max(0.0, (self.broker.clock.wall_ns() - st.oldest_unacked_ns) / 1e9))
         g("partq_queue_max_depth", "The queue's max_depth quota: messages published and not "
           "acked (0: none)", ("queue",)).add_metric(q, config.max_depth)
         g("partq_queue_max_bytes", "The queue's max_bytes quota: bytes of its stored log (0: "

@@ -11,12 +11,13 @@ queue's log: storage partition ``partq.PARENT`` (4294967295).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from partq.config import QueueConfig
 from partq.errors import CorruptRecord, InvalidConfig, PartitionNotFound, queue_not_found
 from partq.storage import decode_record
-from partq.storage.encoding import PARENT
+from partq.storage.encoding import PARENT, AckState
 
 READ_BATCH = 1000     # records per read snapshot
 
@@ -99,10 +100,11 @@ def check_browse(partition: int | None, parent: bool, from_seq: int, to_seq: int
 
 
 def scan(store, config: QueueConfig, partition: int, start: int, end: int,
-         batch: int = READ_BATCH) -> Iterator[tuple[int, bytes, bool]]:
-    """Yield ``(seq, raw, acked)`` for records of one partition with start <= seq <= end, each
-    batch from its own short read snapshot. Records below the ack floor are not shown: they are
-    truncated, or about to be with the rest of their chunk (acks meanwhile included)."""
+         batch: int = READ_BATCH) -> Iterator[tuple[int, bytes, AckState]]:
+    """Yield ``(seq, raw, ack)`` for records of one partition with start <= seq <= end, each
+    batch from its own short read snapshot (``ack``: the partition's ``AckState`` in it).
+    Records below the ack floor are not shown: they are truncated, or about to be with the rest
+    of their chunk (acks meanwhile included)."""
     pos = start
     while pos <= end:
         with store.read() as r:
@@ -116,7 +118,7 @@ def scan(store, config: QueueConfig, partition: int, start: int, end: int,
         for seq, raw in records:
             if seq > end:
                 return
-            yield seq, raw, ack.is_acked(seq)
+            yield seq, raw, ack
         pos = records[-1][0] + 1
 
 
@@ -125,8 +127,10 @@ def browse(store, queue: str, partition: int | None = None, parent: bool = False
            limit: int = 100) -> Iterator[dict]:
     """The stored messages of ``queue`` (acked ones not yet truncated included), in partition
     order, as an iterator of dicts: ``queue, partition, seq, key, publish_time_ns, size, acked,
-    headers, payload`` (bytes); a record that fails its checksum is ``queue, partition, seq,
-    corrupt (True), error, acked, size`` (and is yielded whatever ``key`` asks).
+    headers, payload`` (bytes), and its lifecycle (``lifecycle``): ``delivery_count``,
+    ``redelivered``, ``next_retry``, ``dead_reason``; a record that fails its checksum is
+    ``queue, partition, seq, corrupt (True), error, acked, size`` (and is yielded whatever
+    ``key`` asks).
 
     ``partition`` or ``parent`` picks one log (default: every partition, then the parent queue's
     log); ``from_seq``/``to_seq`` bound the sequences (default: up to each log's head now);
@@ -147,15 +151,35 @@ def _browse(store, config: QueueConfig, logs: list[int], heads: dict[int, int], 
     if limit == 0:
         limit = -1      # no limit: shown never reaches it
     shown = 0
+    now_ns = time.time_ns()
     for p in logs:
         end = heads[p] - 1 if to_seq is None else min(to_seq, heads[p] - 1)
-        for seq, raw, acked in scan(store, config, p, from_seq, end):
-            row = _row(config.name, p, seq, raw, acked, key)
+        for seq, raw, ack in scan(store, config, p, from_seq, end):
+            row = _row(config.name, p, seq, raw, ack.is_acked(seq), key)
+            if row is not None and not row.get("corrupt"):
+                row.update(lifecycle(ack, seq, row["headers"], now_ns))
             if row is not None:
                 yield row
                 shown += 1
                 if shown == limit:
                     return
+
+
+def lifecycle(ack: AckState, seq: int, headers: dict | None, now_ns: int) -> dict:
+    """Where a stored message stands in its lifecycle, from its partition's ack state:
+    ``delivery_count``, the count its current or next delivery carries (1 plus the times it
+    came back unacked; None once acked); ``redelivered``, whether it came back unacked at least
+    once (a message given back only to keep order behind another one's nack is not counted:
+    False); ``next_retry``, the wall time (s) a nack's delay ends (None: no delay pending);
+    ``dead_reason``, the reason a message of a dead message queue died (its ``dead_reason``
+    header; None elsewhere)."""
+    acked = ack.is_acked(seq)
+    failed = 0 if acked else ack.failed(seq)
+    until = None if acked else ack.retry_at_ns(seq)
+    reason = (headers or {}).get("dead_reason")
+    return {"delivery_count": None if acked else failed + 1, "redelivered": failed > 0,
+            "next_retry": until / 1e9 if until is not None and until > now_ns else None,
+            "dead_reason": reason if isinstance(reason, str) else None}
 
 
 def _row(queue: str, p: int, seq: int, raw: bytes, acked: bool, key: str | None) -> dict | None:

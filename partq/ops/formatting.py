@@ -37,6 +37,8 @@ def held_text(p) -> str | None:
     "2 keys, 5 messages (handoff, delay)"; None when nothing is held."""
     if not (p.held_keys or p.held_messages or p.held_for):
         return None
+    if not (p.held_keys or p.held_messages):    # ordering="partition": the whole partition
+        return ", ".join(p.held_for)
     text = f"{p.held_keys} key{'s' if p.held_keys != 1 else ''}, {p.held_messages} " \
            f"message{'s' if p.held_messages != 1 else ''}"
     return text + (f" ({', '.join(p.held_for)})" if p.held_for else "")

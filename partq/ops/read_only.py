@@ -23,7 +23,7 @@ from partq.broker import Broker
 from partq.clock import SystemClock
 from partq.config import QueueConfig
 from partq.delivery import queue_holder
-from partq.delivery.lock import LOCK_DIR
+from partq.delivery.lock import LOCK_DIR, beat_age, lock_path
 from partq.delivery.peers.owner_channel import query_view
 from partq.delivery.saved_state import doc_to_view
 from partq.errors import queue_not_found
@@ -61,7 +61,9 @@ class ReadOnlyBroker(Broker):
             if raw is None:
                 raise queue_not_found(queue, r.queues())
             config = QueueConfig.from_dict(raw)
-            st = build_queue_status(r, config, view, queue_holder(self.path, config.qid))
+            owner = queue_holder(self.path, config.qid)
+            st = build_queue_status(r, config, view, owner, self.clock.wall_ns(),
+                                    None if owner else beat_age(lock_path(self.path, config.qid)))
         st = with_owner_warning(st, self.path, config.qid, view is None)
         locks = os.path.join(self.path, LOCK_DIR)
         if os.path.isdir(locks) and not os.access(locks, os.R_OK | os.X_OK):

@@ -22,8 +22,11 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     an exclusive queue), ``scaling_status``, ``ingress_enabled``, ``egress_enabled``, then from
     its status ``depth``, ``discarded``, ``parent_depth``, ``rebalance_status``, ``flows``,
     ``active_flows``, ``delivery_owner``, ``dead`` (dead messages, every reason, moved to the
-    dead message queue or discarded), ``quota_refused``, ``quota_discarded``, ``error`` (None)
-    and ``warnings``.
+    dead message queue or discarded), ``quota_refused``, ``quota_discarded``,
+    ``stuck_partitions`` (partitions stuck on a message that came back unacked),
+    ``oldest_unacked_publish_time_ns`` (when the oldest unacked message was published, wall ns;
+    None when nothing is unacked: its age is now minus that), ``error`` (None) and
+    ``warnings``.
     When the status cannot be read, those are None, ``error`` says why and there is no
     ``warnings``."""
     row = {"name": config.name, "access_type": config.access_type,
@@ -36,7 +39,8 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
     except PartqError as exc:   # e.g. damaged ack state: report the other queues anyway
         row.update(depth=None, discarded=None, parent_depth=None, rebalance_status=None,
                    flows=None, active_flows=None, delivery_owner=None, dead=None,
-                   quota_refused=None, quota_discarded=None, error=one_line(str(exc)))
+                   quota_refused=None, quota_discarded=None, stuck_partitions=None,
+                   oldest_unacked_publish_time_ns=None, error=one_line(str(exc)))
     else:
         row.update(partitions=st.partition_count, depth=st.depth, discarded=st.discarded,
                    parent_depth=st.parent_depth, rebalance_status=st.rebalance_status,
@@ -45,6 +49,8 @@ def queue_row(broker: Broker, config: QueueConfig) -> dict:
                    active_flows=sum(1 for f in st.flows if f.bound and f.active),
                    delivery_owner=st.delivery_owner, dead=dead_total(st.dead),
                    quota_refused=st.quota_refused, quota_discarded=st.quota_discarded,
+                   stuck_partitions=st.stuck_partitions,
+                   oldest_unacked_publish_time_ns=st.oldest_unacked_ns,
                    error=None, warnings=st.warnings)
     return row
 

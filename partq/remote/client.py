@@ -41,7 +41,7 @@ from partq.remote.answers import EachAnswer, items_of, result_of, results_of, un
 from partq.remote.client_txn import ClientTransaction
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
-from partq.status import FlowStatus, PartitionStatus, QueueStatus
+from partq.status import Blocked, FlowStatus, PartitionStatus, QueueStatus
 from partq.storage.txn import check_queue_name
 from partq.wire.frames import HEADER, Outbox, encode_frame, parse_address, read_frame
 from partq.wire.handshake import client_handshake, read_token
@@ -445,7 +445,7 @@ class Client:
 
     def queue_status(self, queue: str) -> QueueStatus:
         doc = self.call({"op": "status", "queue": queue})["status"]
-        return QueueStatus(**{**doc, "partitions": [PartitionStatus(**p) for p in doc["partitions"]],
+        return QueueStatus(**{**doc, "partitions": [_partition_status(p) for p in doc["partitions"]],
                               "flows": [FlowStatus(**f) for f in doc["flows"]]})
 
     def close(self) -> None:
@@ -466,3 +466,9 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _partition_status(doc: dict) -> PartitionStatus:
+    """A ``PartitionStatus`` from its wire form (its ``blocked`` message a dict there)."""
+    blocked = doc.get("blocked")
+    return PartitionStatus(**{**doc, "blocked": None if blocked is None else Blocked(**blocked)})

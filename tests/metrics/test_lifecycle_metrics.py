@@ -108,3 +108,25 @@ def test_dead_messages_quotas_and_delays_are_scraped_as_they_happened(open_broke
     assert s.value("partq_quota_refused_total", queue="capped") == 3
     assert s.value("partq_quota_discarded_total", queue="bounded") == 1
     assert s.value("partq_delayed_partitions", queue="plain") == 0
+
+
+def test_stuck_partitions_and_the_oldest_unacked_age_are_scraped(open_broker, clock):
+    """A message nacked with a delay blocks its partition: counted stuck until it is acked;
+    the oldest unacked message's age follows the clock."""
+    broker = open_broker(metrics_listen="127.0.0.1:0")
+    broker.create_queue("jobs", partitions=2, rebalance_delay=0)
+    s = scrape(broker.metrics_address)
+    assert (s.value("partq_partitions_stuck", queue="jobs"),
+            s.value("partq_oldest_unacked_age_seconds", queue="jobs")) == (0, 0)
+    broker.publish("jobs", b"poison", key="k")
+    clock.advance(5)
+    with broker.bind("jobs") as flow:
+        (m,) = flow.receive(1)
+        flow.nack(m, delay=60)
+        s = scrape(broker.metrics_address)
+        assert s.value("partq_partitions_stuck", queue="jobs") == 1
+        assert s.value("partq_oldest_unacked_age_seconds", queue="jobs") == pytest.approx(5)
+        broker.ack_message("jobs", m.partition, m.seq)
+    s = scrape(broker.metrics_address)
+    assert (s.value("partq_partitions_stuck", queue="jobs"),
+            s.value("partq_oldest_unacked_age_seconds", queue="jobs")) == (0, 0)

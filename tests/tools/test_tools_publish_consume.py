@@ -122,8 +122,9 @@ def test_consume_prints_and_does_not_ack_by_default(run, broker, q):
     assert [r["redelivered"] for r in rows][:2] == [True, True]  # c may be marked too
     assert all(r["acked"] is False and r["queue"] == q and r["key"] == "k" for r in rows)
     assert set(rows[0]) == {"queue", "partition", "seq", "key", "publish_time_ns", "publish_time",
-                            "size", "headers", "redelivered", "delivery_count", "acked", "action",
-                            "payload_encoding", "payload"}
+                            "size", "headers", "redelivered", "delivery_count", "held_behind",
+                            "next_retry", "dead_reason", "acked", "action", "payload_encoding",
+                            "payload"}
     assert all(r["action"] is None for r in rows)
     assert broker.queue_status(q).depth == 3       # nothing acked
 

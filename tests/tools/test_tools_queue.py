@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from tools_helpers import invoke, ok, user_error
 
@@ -156,12 +157,13 @@ def test_stats(run, broker):
     doc = json.loads(ok(run("stats", "--json")).stdout)
     assert doc["store"]["file_size"] > 0 and doc["store"]["map_size"] >= doc["store"]["used_bytes"]
     orders = next(q for q in doc["queues"] if q["name"] == "orders")
+    assert orders.pop("oldest_unacked_publish_time_ns") <= time.time_ns()
     assert orders == {"name": "orders", "access_type": "non-exclusive", "partitions": 3,
                       "discarded": 4, "scaling_status": "Ready", "parent_depth": 0,
                       "ingress_enabled": False, "egress_enabled": True, "depth": 30,
                       "rebalance_status": "Ready", "flows": 0, "active_flows": 0,
                       "delivery_owner": None, "dead": 0, "quota_refused": 0, "quota_discarded": 0,
-                      "error": None,
+                      "stuck_partitions": 0, "error": None,
                       "warnings": []}
     one = json.loads(ok(run("stats", "other", "--json")).stdout)
     assert [q["name"] for q in one["queues"]] == ["other"]

@@ -62,7 +62,7 @@ def _text(value, longest: int) -> TypeGuard[str]:
 
 def parse(frame) -> tuple[str, int | None, tuple]:
     """(op, request id, checked fields) of a control frame: the fields as ``hello``, ``bind``,
-    ``outstanding`` return them, ``(flow id,)`` for an unbind; the request id of a frame that
+    ``outstanding`` return them, ``(flow id, leave)`` for an unbind; the request id of a frame that
     is answered (bind, unbind, view), else None. Raises the typed error of the first bad field."""
     if not isinstance(frame, dict):
         raise ProtocolMismatch(f"a control frame must be a map, not {shown(frame)}; {AGAIN}")
@@ -78,8 +78,8 @@ def parse(frame) -> tuple[str, int | None, tuple]:
     req = request_id(frame, op)
     if op == "bind":
         return op, req, bind(frame)
-    if op == "unbind":
-        return op, req, (flow_id(frame, op),)
+    if op == "unbind":       # "leave": true: for good, no ghost waits (``Rebalancer.leave``)
+        return op, req, (flow_id(frame, op), frame.get("leave") is True)
     return op, req, ()
 
 

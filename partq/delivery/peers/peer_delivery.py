@@ -375,10 +375,18 @@ class PeerQueue(PeerAcks):
         return assignment
 
     def close(self) -> None:
-        """This process is closing: its flows end, the owner sees the connection close."""
+        """This process is closing: its flows end, the owner sees the connection close. Those
+        bound without a name leave for good first (nobody waits for them: their partitions go
+        to the other flows at once); a named one is waited for (rule `named-flows`)."""
         with self.lock:
             flows = list(self.flows.values())
         self._settle(flows)
+        for flow in flows:
+            if flow.name is None and flow.bound:
+                try:
+                    self._link.request({"op": "unbind", "flow": flow.flow_id, "leave": True})
+                except PartqError:
+                    pass        # the owner is gone: its successor sees a ghost
         with self.lock:
             self._closing = True
             for flow in self.flows.values():
