@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgpack
 
@@ -131,18 +131,29 @@ def stored_view(state: StoredState | None, mode: str, index: list[int],
     """The view a process that does not run delivery shows: the owner's last stored state. When
     no process runs delivery the stored statuses are stale: the core's own (its flows are
     ghosts: Unbound) are shown instead, and rebalancing is Ready. ``forgotten``: no process
-    has run delivery for longer than its flows could come back in (``ghosts_forgotten``): no
-    flows, every partition Unassigned."""
+    has run delivery for longer than its flows could come back in (``ghosts_forgotten``): its
+    unnamed flows are not shown and their partitions are Unassigned; named flows stay, since a
+    consumer that binds under the same name gets its partitions back (rule `named-flows`)."""
     if state is not None and state.mode != mode:
         state = None     # the owner has not applied an access-type change yet
-    if state is None or (forgotten and not owner_running):
+    if state is None:
         return view_of(Rebalancer(len(index), 0, 0), index, RebalanceState.READY, None,
                        bound=False, mode=mode)
     core = Rebalancer.restored(state.core, 0, 0, 0)
     if not owner_running:
-        return view_of(core, index, RebalanceState.READY, None, bound=False, mode=mode)
+        view = view_of(core, index, RebalanceState.READY, None, bound=False, mode=mode)
+        return _named_only(view) if forgotten else view
     return view_of(core, index, state.rebalance_status, state.partition_status, bound=False,
                    mode=mode)
+
+
+def _named_only(view: DeliveryView) -> DeliveryView:
+    """``view`` without its unnamed flows, their partitions Unassigned."""
+    gone = {f.flow for f in view.flows if f.name is None}
+    slots = [replace(s, status=PartitionState.UNASSIGNED, flow=None, flow_name=None)
+             if s.flow in gone else s for s in view.slots]
+    return replace(view, slots=slots,
+                               flows=[f for f in view.flows if f.flow not in gone])
 
 
 def ghosts_forgotten(silent_for: float | None, consumer_timeout: float,

@@ -16,16 +16,19 @@ import time
 
 import msgpack
 
-from partq.errors import PartqError
-
 PREFIX = b"txn_ids/"
 KEEP = 256                # ids kept per client: retries come within seconds of the first try
 EXPIRY = 24 * 3600.0      # seconds an id is kept at most
 SWEEP_EVERY = 1024
 
 
-class AlreadyCommitted(PartqError):
-    """The transaction's id is stored: it committed before (this is a retry)."""
+class _AlreadyCommitted(Exception):
+    """Raised inside a transaction's write whose id is stored (a retry of one that committed):
+    the write is dropped and ``partq.remote.txn_request`` answers "committed". Internal to
+    the two: it never reaches a user, so it is not one of ``partq.errors``."""
+
+
+AlreadyCommitted = _AlreadyCommitted
 
 
 def _key(client_id: str) -> bytes:

@@ -277,9 +277,12 @@ class BrokerMachine(RuleBasedStateMachine):
             self.hints[slot] = before[slot]
         self.flows.clear()
         self.held.clear()
+        # unnamed flows left when the broker closed: their partitions may have gone to named ones
+        left = frozenset().union(*(p for s, p in before.items() if not self.named[s]))
         for slot in named:
             self.do_bind(slot, True)
-            assert self.flows[slot].partitions == before[slot], \
+            got = self.flows[slot].partitions
+            assert before[slot] <= got <= before[slot] | left, \
                 f"named consumer c{slot} lost its partitions across a restart (rule `named-flows`)"
 
     @rule()
