@@ -15,6 +15,7 @@ from typing import Any
 
 from partq.config import QueueConfig
 from partq.errors import InvalidConfig
+from partq.flow import U32, U64
 from partq.ops.copy_out import Stranded
 from partq.ops.requeue import RequeueReport
 from partq.ops.unblock import After, Position
@@ -134,6 +135,8 @@ class ClientAdmin:
 
     def position(self, queue: str, partition: int, seq: int) -> Position | None:
         """``partq.ops.unblock.before`` on the server: the unacked message at a position."""
+        if not (0 <= partition <= U32 and 0 <= seq <= U64):
+            return None         # no such position: the kill or ack says why, as before() does
         was = self._ask({"op": "position", "queue": queue, "partition": partition,
                          "seq": seq})["before"]
         return None if was is None else Position(was[0], was[1], bool(was[2]))
