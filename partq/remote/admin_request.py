@@ -1,7 +1,7 @@
 """The administration of a ``partq serve`` host by its clients: the queue verbs of ``Broker``
 (``partq.connect``'s ``Client`` has them too) and the reads the command line makes with
 ``--address`` (``partq queue show``, ``inspect``, ``stats``, ``message kill|ack``, ``dead
-requeue``), run by the server on its broker, so their guarantees hold there:
+requeue``, ``copy-out --to-queue``), run by the server on its broker, so their guarantees hold there:
 
     create_queue {queue, partitions, exist_ok, options} -> config {config}
     update_queue {queue, changes}            -> config {config}
@@ -18,6 +18,8 @@ requeue``), run by the server on its broker, so their guarantees hold there:
     position {queue, partition, seq}         -> position {before: [key, count, pending] or nil}
     after {queue, partition}                 -> position {after: [next_seq, stuck_on]}
     requeue {queue, to, keys, reasons, limit, batch, ignore_interrupted} -> requeued {report}
+    copy_out {queue, to_queue, partition, parent, move, from_seq, to_seq, batch, skip_corrupt}
+                                             -> copied {report}   (``partq.ops.copy_out``)
 
 A config travels as ``QueueConfig.to_dict()``. ``browse`` answers at most ``BROWSE_ROWS`` rows
 (or about ``BROWSE_BYTES`` of payloads) at a time; ``more`` is the position ``[partition,
@@ -31,7 +33,7 @@ import logging
 
 from partq.ops import unblock
 from partq.ops.browse import browse, check_browse, load_config, log_partitions, select_logs
-from partq.ops.copy_out import stranded_state
+from partq.ops.copy_out import copy_out, stranded_state
 from partq.ops.requeue import requeue
 from partq.ops.stats import stats
 from partq.storage.encoding import PARENT
@@ -43,7 +45,7 @@ BROWSE_BYTES = 4 << 20
 
 ADMIN_OPS = frozenset({"create_queue", "update_queue", "delete_queue", "queue_config",
                        "queue_configs", "scale", "kill_message", "ack_message", "stats", "browse",
-                       "stranded", "position", "after", "requeue"})
+                       "stranded", "position", "after", "requeue", "copy_out"})
 
 
 def admin_request(broker, frame: dict, who: str) -> dict:
@@ -92,7 +94,22 @@ def admin_request(broker, frame: dict, who: str) -> dict:
     if op == "after":
         now = unblock.after(broker.store, queue, frame["partition"])
         return {"op": "position", "after": [now.next_seq, now.stuck_on]}
+    if op == "copy_out":
+        return _copy_out(broker, frame, who)
     return _requeue(broker, frame, who)
+
+
+def _copy_out(broker, frame: dict, who: str) -> dict:
+    report = copy_out(broker, broker.store, frame["queue"], to_queue=frame["to_queue"],
+                      partition=frame.get("partition"), parent=bool(frame.get("parent")),
+                      move=bool(frame.get("move")), from_seq=frame.get("from_seq"),
+                      to_seq=frame.get("to_seq"), batch=frame["batch"],
+                      skip_corrupt=bool(frame.get("skip_corrupt")))
+    log.info("client %s copied %d message(s) of queue %r to queue %r%s", who, report.copied,
+             frame["queue"], frame["to_queue"],
+             f", removed {report.removed_from_parent} from its parent queue"
+             if report.removed_from_parent is not None else "")
+    return {"op": "copied", "report": report.as_dict()}
 
 
 def _scale(broker, frame: dict, who: str) -> dict:

@@ -2,7 +2,7 @@
 ``delete_queue``, ``queue_config``, ``queues``, ``scale``, ``kill_message``, ``ack_message``),
 with the same arguments, results and errors, done by ``partq serve`` on its broker
 (``partq.remote.admin_request``); and the reads ``partq --address HOST:PORT`` makes (``stats``,
-``browse``, ``stranded_state``, ``position``, ``after``, ``requeue``).
+``browse``, ``stranded_state``, ``position``, ``after``, ``requeue``, ``copy_out``).
 
     client = partq.connect("10.0.0.5:7020", token_file="token")
     client.create_queue("orders", partitions=8, exist_ok=True, max_redelivery=5)
@@ -16,7 +16,7 @@ from typing import Any
 from partq.config import QueueConfig
 from partq.errors import InvalidConfig
 from partq.flow import U32, U64
-from partq.ops.copy_out import Stranded
+from partq.ops.copy_out import CopyReport, Stranded
 from partq.ops.requeue import RequeueReport
 from partq.ops.unblock import After, Position
 from partq.queue_admin import check_position
@@ -145,6 +145,18 @@ class ClientAdmin:
         """``partq.ops.unblock.after`` on the server: where a partition stands now."""
         now = self._ask({"op": "after", "queue": queue, "partition": partition})["after"]
         return After(now[0], now[1])
+
+    def copy_out(self, queue: str, *, to_queue: str, partition: int | None = None,
+                 parent: bool = False, move: bool = False, from_seq: int | None = None,
+                 to_seq: int | None = None, batch: int = 1000,
+                 skip_corrupt: bool = False) -> CopyReport:
+        """``partq.ops.copy_out.copy_out`` into another queue of the server's directory (``partq
+        copy-out --to-queue``), waited for up to a day."""
+        frame = self._ask({"op": "copy_out", "queue": queue, "to_queue": to_queue,
+                           "partition": partition, "parent": parent, "move": move,
+                           "from_seq": from_seq, "to_seq": to_seq, "batch": batch,
+                           "skip_corrupt": skip_corrupt}, wait=SCALE_WAIT)
+        return CopyReport.from_dict(frame["report"])
 
     def requeue(self, queue: str, *, to_queue: str | None = None, keys: list[str] | None = None,
                 reasons: list[str] | None = None, limit: int = 0, batch: int = 1000,

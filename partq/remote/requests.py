@@ -143,6 +143,9 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "stranded": {"queue": QUEUE, "parent_depth": _optional(INTEGER)},
     "position": {"queue": QUEUE, "partition": INTEGER, "seq": INTEGER},
     "after": {"queue": QUEUE, "partition": INTEGER},
+    "copy_out": {"queue": QUEUE, "to_queue": QUEUE, "partition": _optional(INTEGER),
+                 "parent": FLAG, "move": FLAG, "from_seq": _optional(INTEGER),
+                 "to_seq": _optional(INTEGER), "batch": INTEGER, "skip_corrupt": FLAG},
     "requeue": {"queue": QUEUE, "to": _optional(QUEUE), "keys": TEXTS, "reasons": TEXTS,
                 "limit": INTEGER, "batch": INTEGER, "ignore_interrupted": FLAG},
 }

@@ -120,11 +120,29 @@ def test_scale_online_over_the_network(host, data):
     user_error(remote("scale", "q", "--partitions", "3", "--offline"), "store's host")
 
 
+def test_copy_out_into_a_queue_of_the_server(host, data):
+    remote, local, _ = host
+    ok(local("queue", "create", "src", "--partitions", "2"))
+    ok(local("queue", "create", "dst"))
+    ok(local("publish", "src", "a", "b", "c"))
+    doc = json.loads(ok(remote("copy-out", "src", "--to-queue", "dst", "--json")).stdout)
+    assert doc == json.loads(ok(local("copy-out", "src", "--to-queue", "dst", "--json"))
+                             .stdout) | {"copied": 3, "partitions": doc["partitions"]}
+    assert doc["copied"] == 3 and doc["to_queue"] == "dst"
+    again = json.loads(ok(remote("copy-out", "src", "--to-queue", "dst", "--json")).stdout)
+    assert again["copied"] == 0                 # resumable: nothing copied twice
+    assert "copied 0 messages of queue 'src' to queue 'dst'" in ok(
+        remote("copy-out", "src", "--to-queue", "dst")).stdout
+    with partq.Broker.open(data) as broker:
+        assert broker.queue_status("dst").depth == 3
+
+
 ON_A_MISSING_QUEUE = [("queue", "show", "nope"), ("queue", "update", "nope", "--ingress", "off"),
                       ("queue", "delete", "nope", "--yes"), ("inspect", "nope"),
                       ("publish", "nope", "x"), ("stats", "nope"),
                       ("message", "kill", "nope", "0", "0", "--yes"),
-                      ("dead", "requeue", "nope"), ("scale", "nope", "--partitions", "2")]
+                      ("dead", "requeue", "nope"), ("scale", "nope", "--partitions", "2"),
+                      ("copy-out", "nope", "--to-queue", "q")]
 
 
 def test_a_missing_queue_gives_the_error_it_gives_on_the_directory(host):
@@ -144,8 +162,9 @@ def test_a_wrong_token_an_unreachable_host_and_directory_only_commands(host, tmp
         user_error(invoke("--address", served.address, "--token-file", wrong, *args),
                    "the server refused the token")
     user_error(invoke("--address", "127.0.0.1:1", "queue", "list"), "cannot reach partq serve")
-    for args in (("verify",), ("init",), ("copy-out", "q", "--to-file", tmp_path / "x"),
+    for args in (("verify",), ("init",), ("copy-in", "q", tmp_path / "x"),
                  ("rebalance", "q", "--dry-run")):
         user_error(remote(*args), "works on a store directory (--data DIR), not over --address")
+    user_error(remote("copy-out", "q", "--to-file", tmp_path / "x"), "--to-queue")
     result = invoke("--token-file", wrong, "queue", "list")      # a usage error
     assert result.exit_code == 2 and "--token-file and --tls-ca apply to --address" in result.stderr
