@@ -14,6 +14,7 @@ import partq
 import partq.aio
 from partq.errors import (
     AuthenticationFailed,
+    DeliveryLocked,
     InvalidConfig,
     PartitionNotFound,
     PartqError,
@@ -86,6 +87,16 @@ def test_create_show_update_list_delete_as_the_broker_does(host):
     for line in ("created queue 'orders' (3 partitions", "updated queue 'orders':",
                  "deleted queue 'orders'"):
         assert any(line in entry and "127.0.0.1" in entry for entry in log.splitlines()), log
+
+
+def test_delete_is_refused_while_another_process_delivers_the_queue(host):
+    _, client, broker = host
+    client.create_queue("busy")
+    flow = broker.bind("busy")        # this process runs its delivery, not the server
+    with pytest.raises(DeliveryLocked) as refused:
+        client.delete_queue("busy")
+    assert "queue 'busy' is delivered by pid" in str(refused.value)
+    flow.unbind()
 
 
 def test_kill_and_ack_a_message_by_its_position(host):
