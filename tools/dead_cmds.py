@@ -13,7 +13,7 @@ from partq.ops import requeue as requeue_ops
 from partq.ops import unblock
 from partq.ops.formatting import partition_label
 from partq.storage.encoding import PARENT
-from partq.tools import reads
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, confirm, pass_app, require, stop_on_signals
 from partq.tools.output import Output, output_options, printable, truncate
 
@@ -40,7 +40,7 @@ def _unacked(app: App, broker, queue: str, partition: int, seq: int) -> str | No
     raises ``PartitionNotFound`` or ``QueueNotFound`` here already where it can)."""
     where = _where(queue, partition, seq)
     source = broker if app.address else broker.store
-    for row in reads.browse(app, source, queue, partition=partition, from_seq=seq, to_seq=seq,
+    for row in store_ops.browse(app, source, queue, partition=partition, from_seq=seq, to_seq=seq,
                             limit=1):
         if row["acked"]:
             return None
@@ -120,9 +120,9 @@ def kill(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output)
         _ask(app, broker, yes, "kill", queue, partition, seq,
              f"It is moved to dead message queue {dead_queue!r}." if dead_queue else
              "It is discarded (counted): the queue has no dead message queue to take it.")
-        was = reads.position(app, broker, queue, partition, seq)
+        was = store_ops.position(app, broker, queue, partition, seq)
         killed = broker.kill_message(queue, partition, seq)
-        now = reads.after(app, broker, queue, partition) if killed else None
+        now = store_ops.after(app, broker, queue, partition) if killed else None
     outcome = "already_acked" if not killed else "moved" if dead_queue else "discarded"
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "killed": killed,
@@ -175,9 +175,9 @@ def ack(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output) 
     """
     with app.broker(network=True) as broker:
         _ask(app, broker, yes, "ack", queue, partition, seq, "It is gone for good.")
-        was = reads.position(app, broker, queue, partition, seq)
+        was = store_ops.position(app, broker, queue, partition, seq)
         acked = broker.ack_message(queue, partition, seq)
-        now = reads.after(app, broker, queue, partition) if acked else None
+        now = store_ops.after(app, broker, queue, partition) if acked else None
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "acked": acked,
                  "outcome": "acked" if acked else "already_acked"})
@@ -236,7 +236,7 @@ def requeue(app: App, dead_queue: str, to_queue: str | None, keys: tuple[str, ..
         with app.broker(network=True) as broker, \
                 out.progress_callback(f"requeuing {dead_queue}") as progress, \
                 _signals(app) as stop:
-            report = reads.requeue(app, broker, dead_queue, progress, stop.is_set,
+            report = store_ops.requeue(app, broker, dead_queue, progress, stop.is_set,
                                    to_queue=to_queue, keys=list(keys), reasons=list(reasons),
                                    limit=limit, batch=batch,
                                    ignore_interrupted=ignore_interrupted)

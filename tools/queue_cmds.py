@@ -9,7 +9,7 @@ from partq.errors import DeliveryLocked, QueueNotFound
 from partq.ops.copy_out import Stranded
 from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
-from partq.tools import reads
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
 from partq.tools.output import Output, config_doc, on_off, output_options, printable, truncate
 from partq.tools.queue_settings import setting_options
@@ -98,7 +98,7 @@ def queue_notes(app: App, broker, rows: list[dict]) -> list[str]:
     notes = []
     for row in rows:
         notes += row.get("warnings", [])
-        left = reads.stranded(app, broker, row["name"], row["parent_depth"])
+        left = store_ops.stranded(app, broker, row["name"], row["parent_depth"])
         if left is not None:
             notes.append(stranded(left))
     return notes
@@ -144,7 +144,7 @@ def show(app: App, name: str, out: Output) -> None:
     with app.reading(network=True) as broker:
         config = broker.queue_config(name)
         st = broker.queue_status(name)
-        left = reads.stranded(app, broker, name, st.parent_depth)
+        left = store_ops.stranded(app, broker, name, st.parent_depth)
     note = None if left is None else stranded(left)
     for warning in st.warnings:
         out.warn(warning)
@@ -298,7 +298,7 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
         after = updated.to_dict()
         note = None
         if access != current.access_type and access == "non-exclusive":
-            left = reads.stranded(app, broker, name, broker.queue_status(name).parent_depth)
+            left = store_ops.stranded(app, broker, name, broker.queue_status(name).parent_depth)
             note = None if left is None else stranded(left)
         warnings = _dead_queue_warnings(broker, updated) if "dead_message_queue" in settings \
             else []

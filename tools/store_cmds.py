@@ -6,7 +6,7 @@ import time
 
 import click
 
-from partq.tools import reads
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, human_size, on_off, output_options
 from partq.tools.queue_cmds import queue_notes
@@ -58,7 +58,7 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     (address space, not disk).
     """
     with app.reading(network=True) as broker:
-        doc = reads.stats(app, broker, queue)
+        doc = store_ops.stats(app, broker, queue)
         notes = [] if out.json else queue_notes(app, broker, doc["queues"])
     queues = doc["queues"]
     usage = {"path": doc["path"], **doc["store"]}

@@ -1,7 +1,9 @@
-"""The reads of the commands that also work through ``partq serve`` (``--address``): each from
-the directory (a ``Broker``) or, given the ``partq.connect`` client ``App.broker()`` yields
-then, from the server, which runs the same function on its broker
-(``partq.remote.client_admin``): the same answers, and the same errors.
+"""The store-level operations of the commands that also work through ``partq serve``
+(``--address``): browse, stats, what a change of access type stranded, a position before and
+after a kill, and a dead requeue. Each runs here on the directory (a
+``Broker`` or ``Store``) or, given the ``partq.connect`` client ``App.broker()`` yields then, on
+the server, which runs the same function on its broker (``partq.remote.client_admin``): the
+same answers, and the same errors.
 
 Nothing here imports the client: a command run on a directory loads none of it."""
 from __future__ import annotations
