@@ -23,15 +23,15 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(data: str, token: str = TOKEN) -> Iterator[Served]:
-    """``partq --data DATA serve --listen 127.0.0.1:0 --token-file F``, stopped (SIGTERM) at
-    the end; its log is in ``Served.log`` then."""
+def serving(data: str, token: str = TOKEN, *extra: str) -> Iterator[Served]:
+    """``partq --data DATA serve --listen 127.0.0.1:0 --token-file F EXTRA``, stopped (SIGTERM)
+    at the end; its log is in ``Served.log`` then."""
     token_file = os.path.join(os.path.dirname(os.path.abspath(data)), "serve-token")
     with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(token + "\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([PARTQ_SCRIPT, "--data", data, "serve", "--listen", "127.0.0.1:0",
-                             "--token-file", token_file, "--json"], stdout=subprocess.PIPE,
+                             "--token-file", token_file, "--json", *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     served = None
     try:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_process import serving
+import trustme
+from serve_process import TOKEN, serving
 from tools_helpers import invoke, json_lines, ok, user_error
 
 import partq
@@ -135,6 +136,20 @@ def test_copy_out_into_a_queue_of_the_server(host, data):
         remote("copy-out", "src", "--to-queue", "dst")).stdout
     with partq.Broker.open(data) as broker:
         assert broker.queue_status("dst").depth == 3
+
+
+def test_tls_with_tls_ca(data, tmp_path):
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    with serving(data, TOKEN, "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key",
+                 str(tmp_path / "key.pem")) as served:
+        base = ("--address", served.address, "--token-file", served.token_file)
+        assert ok(invoke(*base, "--tls-ca", tmp_path / "ca.pem", "queue", "create", "q")
+                  ).stdout == "created queue 'q' with 1 partition\n"
+        assert "q" in ok(invoke(*base, "queue", "list", "--tls-ca", tmp_path / "ca.pem")).stdout
 
 
 ON_A_MISSING_QUEUE = [("queue", "show", "nope"), ("queue", "update", "nope", "--ingress", "off"),
