@@ -38,7 +38,7 @@ def _change_logs(w, old: QueueConfig, new: QueueConfig) -> None:
     _create_logs(w, new)
 
 
-def _check_position(partition, seq) -> None:
+def check_position(partition, seq) -> None:
     """Refuse a position storage cannot hold (a partition below 2**32, a seq below 2**64)."""
     for what, v, high in (("partition", partition, U32), ("seq", seq, U64)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
@@ -171,7 +171,7 @@ class QueueAdmin:
         partition (``partq message ack``). Whoever delivers the partition sees it before its
         next delivery. Returns False when it was acked already; raises ``PartitionNotFound``."""
         self._check_writable()
-        _check_position(partition, seq)
+        check_position(partition, seq)
         return self._store.write(ack_op(self.publisher.config_in, queue, partition, seq))
 
     def kill_message(self, queue: str, partition: int, seq: int) -> bool:
@@ -180,7 +180,7 @@ class QueueAdmin:
         to unblock a partition held by a message nobody can process (``partq message kill``).
         Returns False when it was acked already; raises ``PartitionNotFound``."""
         self._check_writable()
-        _check_position(partition, seq)
+        check_position(partition, seq)
         return self._store.write(kill_op(self.publisher.config_in, queue, partition, seq,
                                          self.clock.wall_ns()))
 

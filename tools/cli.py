@@ -60,6 +60,13 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 DATA_HELP = "The partq store directory (also from $PARTQ_DATA)."
+ADDRESS_HELP = ("Work through the `partq serve --listen` at HOST:PORT instead of on --data DIR "
+                "(the commands that read or administer queues).")
+TOKEN_FILE_HELP = "With --address: a file whose first line is the server's token."
+TLS_CA_HELP = "With --address: speak TLS, trusting this CA file (PEM)."
+REMOTE_OPTIONS = (("--address", "address", ADDRESS_HELP, None),
+                  ("--token-file", "token_file", TOKEN_FILE_HELP, click.Path(dir_okay=False)),
+                  ("--tls-ca", "tls_ca", TLS_CA_HELP, click.Path(dir_okay=False)))
 
 
 def _add_data_options(command: click.Command) -> None:
@@ -75,6 +82,15 @@ def _add_data_options(command: click.Command) -> None:
              commands=LazyCommands(COMMANDS, _add_data_options))
 @click.option("--data", envvar="PARTQ_DATA", default="partq-data", show_default=True,
               metavar="DIR", help=DATA_HELP)
+@click.option("--address", metavar="HOST:PORT", expose_value=False,
+              callback=lambda ctx, param, value: _set_remote(ctx, "address", value),
+              help=ADDRESS_HELP)
+@click.option("--token-file", type=click.Path(dir_okay=False), expose_value=False,
+              callback=lambda ctx, param, value: _set_remote(ctx, "token_file", value),
+              help=TOKEN_FILE_HELP)
+@click.option("--tls-ca", type=click.Path(dir_okay=False), expose_value=False,
+              callback=lambda ctx, param, value: _set_remote(ctx, "tls_ca", value),
+              help=TLS_CA_HELP)
 @click.version_option(partq.__version__, "--version", prog_name="partq",
                       message="%(prog)s %(version)s")
 @click.pass_context
@@ -82,14 +98,18 @@ def cli(ctx: click.Context, data: str) -> None:
     """Administer a partq store: queues, messages, scaling, checks.
 
     --data DIR (or $PARTQ_DATA) names the store; it may also follow the command (partq queue
-    list --data DIR). Every command takes --json for machine output: one JSON object, or one
+    list --data DIR). --address HOST:PORT (with --token-file F and --tls-ca F) works through a
+    `partq serve --listen` instead, on another host: queue, publish, consume, inspect, stats,
+    message, dead requeue, scale (online), copy-out --to-queue and top; the commands that need
+    the directory itself say so. Every command takes --json for machine output: one JSON object, or one
     object per line for the commands that stream (inspect, consume, scale, standby). Exit
     status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error (an
     unknown option, a missing argument, or a value an option refuses on its own: --partitions
     0, --max -1, --ttl nan).
     """
     from partq.tools.common import App
-    ctx.obj = App(data)
+    app = ctx.ensure_object(App)
+    app.data = data
     show_warnings()
 
 
@@ -123,13 +143,27 @@ def _set_data(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         ctx.ensure_object(App).data = value
 
 
+def _set_remote(ctx: click.Context, field: str, value: str | None) -> None:
+    from partq.tools.common import App
+    if value is not None:
+        setattr(ctx.ensure_object(App), field, value)
+
+
 def _add_data_option(command: click.Command) -> None:
     """``--data DIR`` after the command too (``partq queue list --data DIR``): the same setting
-    as the group's, which it overrides. A command with a --data of its own (demo) keeps it."""
-    if any("--data" in getattr(p, "opts", ()) for p in command.params):
-        return
-    command.params.append(click.Option(["--data"], metavar="DIR", expose_value=False,
-                                       callback=_set_data, help=DATA_HELP))
+    as the group's, which it overrides. A command with a --data of its own (demo) keeps it.
+    Likewise ``--address``, ``--token-file`` and ``--tls-ca``, on the commands that have none
+    of them (``serve``, ``top`` and the ``dr`` commands have their own)."""
+    names = {o for p in command.params for o in getattr(p, "opts", ())}
+    if "--data" not in names:
+        command.params.append(click.Option(["--data"], metavar="DIR", expose_value=False,
+                                           callback=_set_data, help=DATA_HELP))
+    if names.isdisjoint(opt for opt, _, _, _ in REMOTE_OPTIONS):
+        for opt, field, text, kind in REMOTE_OPTIONS:
+            command.params.append(click.Option(
+                [opt], type=kind, metavar="HOST:PORT" if kind is None else None,
+                expose_value=False, help=text,
+                callback=lambda ctx, param, value, field=field: _set_remote(ctx, field, value)))
 
 
 def main(argv: list[str] | None = None) -> None:

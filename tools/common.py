@@ -26,6 +26,7 @@ from partq.tools.queue_settings import SETTINGS
 
 if TYPE_CHECKING:
     from partq.broker import Broker
+    from partq.remote.client import Client
     from partq.storage import Store
 
 STORE_FILE = "data.mdb"
@@ -129,13 +130,49 @@ class App:
     reader lock, every read checked) when ``read_only`` is set (``--read-only``) or this user
     may not write it."""
 
-    def __init__(self, data: str, read_only: bool = False) -> None:
+    def __init__(self, data: str = "partq-data", read_only: bool = False) -> None:
         self.data = data
         self.read_only = read_only
+        self.address: str | None = None         # --address: through partq serve instead
+        self.token_file: str | None = None
+        self.tls_ca: str | None = None
 
     @property
     def path(self) -> str:
         return os.path.abspath(self.data)
+
+    @property
+    def where(self) -> str:
+        """What the command works on, as it tells the user: the directory, or the server."""
+        return f"partq serve at {self.address}" if self.address else self.path
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[Client]:
+        """A ``partq.connect`` client of ``--address``, with ``--token-file`` and ``--tls-ca``:
+        it has the Broker's verbs the commands use (``partq.remote.client_admin``)."""
+        assert self.address is not None
+        import ssl
+
+        from partq.remote.client import connect
+        context = ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None
+        client = connect(self.address, token_file=self.token_file, ssl=context)
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def _local_only(self, network: bool) -> None:
+        """Refuse, in one line, a command that works on the directory only (``network``
+        False) run with ``--address``; and --token-file or --tls-ca without --address."""
+        if self.address is None:
+            if self.token_file or self.tls_ca:
+                raise click.UsageError("--token-file and --tls-ca apply to --address")
+            return
+        if not network:
+            ctx = click.get_current_context(silent=True)
+            command = ctx.command_path if ctx is not None else "this command"
+            raise UserError(f"`{command}` works on a store directory (--data DIR), not over "
+                            f"--address: run it on the host of the store")
 
     def _require_store(self) -> None:
         # Store.open(create=False) refuses a missing directory but would create a store in an
@@ -146,9 +183,17 @@ class App:
                             f"init`, or pass --data (or PARTQ_DATA) pointing at a store")
 
     @contextlib.contextmanager
-    def broker(self, create: bool = False, **options) -> Iterator[Broker]:
+    def broker(self, create: bool = False, network: bool = False,
+               **options) -> Iterator[Broker]:
         """The Broker of a command that writes (or binds): refused at once, with the reason,
-        where this user may not write the directory. ``options`` go to ``Broker.open``."""
+        where this user may not write the directory. ``options`` go to ``Broker.open``. With
+        ``--address``, the ``client()`` for a command that works over the network
+        (``network``), else refused in one line."""
+        self._local_only(network)
+        if self.address is not None:
+            with self.client() as client:
+                yield client        # type: ignore[misc]    # Broker's verbs (client_admin)
+            return
         if not create:
             self._require_store()
         reason = read_only_reason(self.data)
@@ -173,7 +218,9 @@ class App:
     @contextlib.contextmanager
     def store(self) -> Iterator[Store]:
         """The directory's storage only: read snapshots, no broker threads, no scaling repair
-        (read-only, without a reader lock, when ``read_only_reason`` says so)."""
+        (read-only, without a reader lock, when ``read_only_reason`` says so). Not over
+        ``--address`` (refused in one line)."""
+        self._local_only(False)
         self._require_store()
         reason = self.read_only_reason()
         if reason is not None:
@@ -189,9 +236,14 @@ class App:
             store.close()
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[Broker]:
+    def reading(self, network: bool = False) -> Iterator[Broker]:
         """A Broker for reading configs and statuses: ``broker()``, or a read-only one when
-        ``read_only_reason`` says so."""
+        ``read_only_reason`` says so; over ``--address`` as ``broker()``."""
+        self._local_only(network)
+        if self.address is not None:
+            with self.broker(network=network) as client:
+                yield client
+            return
         reason = self.read_only_reason()
         if reason is None:
             with self.broker() as broker:

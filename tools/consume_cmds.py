@@ -81,7 +81,7 @@ def consume(app: App, queue: str, name: str | None, max_messages: int, timeout: 
     require(width >= 0, "--width must be 0 (no truncation) or more")
     action = "ack" if ack else "nack" if nack else "reject" if reject else None
     received = 0
-    with app.broker() as broker, stop_on_signals() as stop:
+    with app.broker(network=True) as broker, stop_on_signals() as stop:
         flow = broker.bind(queue, name=name)
         try:
             idle_since = time.monotonic()

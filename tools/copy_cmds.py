@@ -75,6 +75,23 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
                        to_seq=to_seq, batch=batch)
     if to_file == "-":
         out = out.to_stderr()    # standard output carries the messages
+    if app.address is not None:
+        if to_file is not None:
+            raise UserError("over --address copy-out copies into a queue of the server "
+                            "(--to-queue); a file is written on the store's host: run it there "
+                            "with --data DIR, or read the messages with `partq inspect --json`")
+        with app.broker(network=True) as client:
+            report = client.copy_out(queue, to_queue=to_queue, partition=partition,
+                                     parent=parent, move=move, from_seq=from_seq, to_seq=to_seq,
+                                     batch=batch, skip_corrupt=skip_corrupt)
+    else:
+        report = _copy_here(app, out, queue, to_queue, to_file, fmt, overwrite, partition,
+                            parent, move, from_seq, to_seq, batch, skip_corrupt)
+    _print_copy(out, report, queue, to_queue, to_file, fmt, move)
+
+
+def _copy_here(app: App, out: Output, queue: str, to_queue, to_file, fmt, overwrite, partition,
+               parent, move, from_seq, to_seq, batch, skip_corrupt) -> copyout.CopyReport:
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(app.broker()) if to_queue is not None or move else None
         store = stack.enter_context(app.store())
@@ -85,6 +102,11 @@ def copy_out(app: App, queue: str, to_queue: str | None, to_file: str | None, fm
                                   parent=parent, move=move, from_seq=from_seq, to_seq=to_seq,
                                   batch=batch, skip_corrupt=skip_corrupt, progress=progress,
                                   stop=stop.is_set)
+    return report
+
+
+def _print_copy(out: Output, report: copyout.CopyReport, queue: str, to_queue, to_file, fmt,
+                move: bool) -> None:
     if out.json:
         out.doc(report.as_dict())
     else:

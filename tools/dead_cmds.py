@@ -3,14 +3,17 @@ process, by queue, partition and seq (``Broker.kill_message``, ``Broker.ack_mess
 ``partq dead requeue``: send a dead message queue's messages back (``partq.ops.requeue``)."""
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import click
 
 from partq.errors import IngressDisabled, QueueFull, QueueNotFound
 from partq.ops import requeue as requeue_ops
 from partq.ops import unblock
-from partq.ops.browse import browse
 from partq.ops.formatting import partition_label
 from partq.storage.encoding import PARENT
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, confirm, pass_app, require, stop_on_signals
 from partq.tools.output import Output, output_options, printable, truncate
 
@@ -31,13 +34,14 @@ class PartitionParam(click.ParamType):
             self.fail(f"{value!r} is not a partition number or parent", param, ctx)
 
 
-def _unacked(broker, queue: str, partition: int, seq: int) -> str | None:
+def _unacked(app: App, broker, queue: str, partition: int, seq: int) -> str | None:
     """The message at a position as a confirmation names it, or None when there is nothing to
     confirm: it is acked already, or there is no such message (the broker then says so, and
     raises ``PartitionNotFound`` or ``QueueNotFound`` here already where it can)."""
     where = _where(queue, partition, seq)
-    for row in browse(broker.store, queue, partition=partition, from_seq=seq, to_seq=seq,
-                      limit=1):
+    source = broker if app.address else broker.store
+    for row in store_ops.browse(app, source, queue, partition=partition, from_seq=seq, to_seq=seq,
+                            limit=1):
         if row["acked"]:
             return None
         if row.get("corrupt"):
@@ -81,14 +85,14 @@ def position_command(name: str):
     return decorate
 
 
-def _ask(broker, yes: bool, verb: str, queue: str, partition: int, seq: int,
+def _ask(app: App, broker, yes: bool, verb: str, queue: str, partition: int, seq: int,
          consequence: str) -> None:
     """Check the position and confirm ``verb`` on the message there, unless ``yes`` or there is
     nothing to confirm (acked already, or no such message: the broker says so)."""
     require(partition >= 0, f"PARTITION must be a partition number (0 or more) or parent, not "
                             f"{partition}")
     require(seq >= 0, f"SEQ must be 0 or more, not {seq}")
-    shown = None if yes else _unacked(broker, queue, partition, seq)
+    shown = None if yes else _unacked(app, broker, queue, partition, seq)
     if shown is not None:
         confirm(yes, f"{verb.capitalize()} {shown}? {consequence}",
                 f"pass --yes to {verb} message {seq} of partition {partition_label(partition)}")
@@ -111,14 +115,14 @@ def kill(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output)
     message's key and deliveries, and the seq the partition delivers next.
     A message acked already is left as it is.
     """
-    with app.broker() as broker:
+    with app.broker(network=True) as broker:
         dead_queue = _where_dead(broker, queue)
-        _ask(broker, yes, "kill", queue, partition, seq,
+        _ask(app, broker, yes, "kill", queue, partition, seq,
              f"It is moved to dead message queue {dead_queue!r}." if dead_queue else
              "It is discarded (counted): the queue has no dead message queue to take it.")
-        was = unblock.before(broker.store, queue, partition, seq)
+        was = store_ops.position(app, broker, queue, partition, seq)
         killed = broker.kill_message(queue, partition, seq)
-        now = unblock.after(broker.store, queue, partition) if killed else None
+        now = store_ops.after(app, broker, queue, partition) if killed else None
     outcome = "already_acked" if not killed else "moved" if dead_queue else "discarded"
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "killed": killed,
@@ -169,11 +173,11 @@ def ack(app: App, queue: str, partition: int, seq: int, yes: bool, out: Output) 
     delay pending on the message ends at once. It says what it freed, as kill does. To keep the
     message, kill it instead: `partq message kill` moves it to the dead message queue.
     """
-    with app.broker() as broker:
-        _ask(broker, yes, "ack", queue, partition, seq, "It is gone for good.")
-        was = unblock.before(broker.store, queue, partition, seq)
+    with app.broker(network=True) as broker:
+        _ask(app, broker, yes, "ack", queue, partition, seq, "It is gone for good.")
+        was = store_ops.position(app, broker, queue, partition, seq)
         acked = broker.ack_message(queue, partition, seq)
-        now = unblock.after(broker.store, queue, partition) if acked else None
+        now = store_ops.after(app, broker, queue, partition) if acked else None
     if out.json:
         out.doc({"queue": queue, "partition": partition, "seq": seq, "acked": acked,
                  "outcome": "acked" if acked else "already_acked"})
@@ -229,12 +233,13 @@ def requeue(app: App, dead_queue: str, to_queue: str | None, keys: tuple[str, ..
     """
     requeue_ops.check_requeue(dead_queue, to_queue, list(keys), list(reasons), limit, batch)
     try:
-        with app.broker() as broker, out.progress_callback(f"requeuing {dead_queue}") as \
-                progress, stop_on_signals() as stop:
-            report = requeue_ops.requeue(broker, dead_queue, to_queue=to_queue, keys=list(keys),
-                                         reasons=list(reasons), limit=limit, batch=batch,
-                                         ignore_interrupted=ignore_interrupted,
-                                         progress=progress, stop=stop.is_set)
+        with app.broker(network=True) as broker, \
+                out.progress_callback(f"requeuing {dead_queue}") as progress, \
+                _signals(app) as stop:
+            report = store_ops.requeue(app, broker, dead_queue, progress, stop.is_set,
+                                   to_queue=to_queue, keys=list(keys), reasons=list(reasons),
+                                   limit=limit, batch=batch,
+                                   ignore_interrupted=ignore_interrupted)
             interrupted = stop.is_set()
     except (IngressDisabled, QueueFull) as exc:
         raise UserError(f"{exc}; the messages requeued before it stay requeued: run the same "
@@ -246,6 +251,12 @@ def requeue(app: App, dead_queue: str, to_queue: str | None, keys: tuple[str, ..
     if interrupted:
         raise UserError(f"requeue interrupted after {report.requeued} messages; run the same "
                         f"command again to continue")
+
+
+def _signals(app: App):
+    """``stop_on_signals()``; through ``partq serve`` the server runs the requeue whole, so
+    Ctrl-C ends the command at once (KeyboardInterrupt) rather than waiting for the end."""
+    return contextlib.nullcontext(threading.Event()) if app.address else stop_on_signals()
 
 
 def _print_report(out: Output, report: requeue_ops.RequeueReport) -> None:

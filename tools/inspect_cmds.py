@@ -13,9 +13,10 @@ import shutil
 
 import click
 
-from partq.ops.browse import browse, check_browse
+from partq.ops.browse import check_browse
 from partq.ops.formatting import partition_label
 from partq.storage.encoding import PARENT
+from partq.tools import store_ops
 from partq.tools.common import App, pass_app, read_only_option, require
 from partq.tools.output import (
     PAYLOAD_MODES,
@@ -70,8 +71,9 @@ def inspect(app: App, queue: str, partition: int | None, parent: bool, from_seq:
     check_browse(partition, parent, from_seq, to_seq, limit)
     require(width is None or width >= 0, "--width must be 0 (no truncation) or more")
     rows = []
-    with app.store() as store:
-        for row in browse(store, queue, partition, parent, from_seq, to_seq, key, limit):
+    with app.broker(network=True) if app.address else app.store() as source:
+        for row in store_ops.browse(app, source, queue, partition=partition, parent=parent,
+                                from_seq=from_seq, to_seq=to_seq, key=key, limit=limit):
             row = _shown(row, payload_mode, out.json)
             if out.json:
                 out.line(row)

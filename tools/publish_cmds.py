@@ -62,7 +62,7 @@ def publish(app: App, queue: str, payloads: tuple[str, ...], key: str | None,
         items = items_of(lines, key, given, unit="argument")
     else:
         items = items_of(sys.stdin.buffer, key, given, unit="line")
-    with app.broker() as broker, stop_on_signals() as stop:
+    with app.broker(network=True) as broker, stop_on_signals() as stop:
         report = publish_batches(broker, queue, items, batch, stop=stop.is_set, ttl=ttl)
         ingress = broker.queue_config(queue).ingress_enabled if report.discarded else True
     if out.json:

@@ -6,9 +6,10 @@ import time
 import click
 
 from partq.errors import DeliveryLocked, QueueNotFound
-from partq.ops.copy_out import Stranded, stranded_state
+from partq.ops.copy_out import Stranded
 from partq.ops.formatting import held_text, partition_label
 from partq.ops.stats import dead_total, queue_rows
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, confirm, pass_app, read_only_option
 from partq.tools.output import Output, config_doc, on_off, output_options, printable, truncate
 from partq.tools.queue_settings import setting_options
@@ -41,7 +42,7 @@ def create(app: App, name: str, partitions: int, settings: dict, exist_ok: bool,
 
     NAME is 1 to 200 ASCII letters, digits and . _ - /, starting with a letter or digit.
     """
-    with app.broker() as broker:
+    with app.broker(network=True) as broker:
         before = {c.qid for c in broker.queues()} if exist_ok else set()
         config = broker.create_queue(name, partitions=partitions, exist_ok=exist_ok, **settings)
         warnings = _dead_queue_warnings(broker, config)
@@ -69,9 +70,9 @@ def list_queues(app: App, out: Output) -> None:
     """List queues with their access types, partition counts, depths and statuses.
 
     PARTITIONS is the operating count: 0 for an exclusive (non-partitioned) queue."""
-    with app.reading() as broker:
+    with app.reading(network=True) as broker:
         rows = [{k: row[k] for k in LIST_FIELDS if k in row} for row in queue_rows(broker)]
-        notes = [] if out.json else queue_notes(broker, rows)
+        notes = [] if out.json else queue_notes(app, broker, rows)
     if out.json:
         out.doc({"queues": rows})
         return
@@ -91,13 +92,13 @@ def list_queues(app: App, out: Output) -> None:
         out.warn(note)
 
 
-def queue_notes(broker, rows: list[dict]) -> list[str]:
+def queue_notes(app: App, broker, rows: list[dict]) -> list[str]:
     """The warnings to print after a table of queue rows (``partq.ops.stats.queue_row``): each
     queue's status warnings, then what a change of access type stranded in its parent queue."""
     notes = []
     for row in rows:
         notes += row.get("warnings", [])
-        left = stranded_state(broker, row["name"], row["parent_depth"])
+        left = store_ops.stranded(app, broker, row["name"], row["parent_depth"])
         if left is not None:
             notes.append(stranded(left))
     return notes
@@ -140,10 +141,10 @@ def show(app: App, name: str, out: Output) -> None:
     An exclusive (non-partitioned) queue has one log, its parent queue's, shown as partition
     "parent"; the parent queue's log is partition 4294967295 (partq.PARENT) in --json.
     """
-    with app.reading() as broker:
+    with app.reading(network=True) as broker:
         config = broker.queue_config(name)
         st = broker.queue_status(name)
-        left = stranded_state(broker, name, st.parent_depth)
+        left = store_ops.stranded(app, broker, name, st.parent_depth)
     note = None if left is None else stranded(left)
     for warning in st.warnings:
         out.warn(warning)
@@ -285,7 +286,7 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
                                f"not with update")
     if not settings:
         raise click.UsageError("nothing to update; pass at least one setting, e.g. --ingress off")
-    with app.broker() as broker:
+    with app.broker(network=True) as broker:
         current = broker.queue_config(name)
         before = current.to_dict()
         access = settings.get("access_type", current.access_type)
@@ -297,7 +298,7 @@ def update(app: App, name: str, settings: dict, partitions: int | None, yes: boo
         after = updated.to_dict()
         note = None
         if access != current.access_type and access == "non-exclusive":
-            left = stranded_state(broker, name, broker.queue_status(name).parent_depth)
+            left = store_ops.stranded(app, broker, name, broker.queue_status(name).parent_depth)
             note = None if left is None else stranded(left)
         warnings = _dead_queue_warnings(broker, updated) if "dead_message_queue" in settings \
             else []
@@ -345,7 +346,7 @@ def delete(app: App, name: str, yes: bool, out: Output) -> None:
     Refused while another process runs the queue's delivery (a service that bound a consumer
     to it, or `partq serve`): the error names that process; stop it first.
     """
-    with app.broker() as broker:
+    with app.broker(network=True) as broker:
         config = broker.queue_config(name)
         if not yes:
             st = broker.queue_status(name)

@@ -21,6 +21,7 @@ from partq.storage.txn import QUEUE_REMOVED
 from partq.tools.common import (
     App,
     Seconds,
+    UserError,
     bad_option_value,
     confirm,
     pass_app,
@@ -169,6 +170,9 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
     in), and --abort undoes it. An exclusive (non-partitioned) queue is refused: make it
     non-exclusive first.
     """
+    if app.address is not None:
+        _scale_remote(app, queue, partitions, abort, online, no_drain, yes, out)
+        return
     if abort:
         if partitions is not None:
             raise click.UsageError("pass either --partitions N or --abort, not both")
@@ -236,6 +240,45 @@ def scale(app: App, queue: str, partitions: int | None, abort: bool, drain_timeo
     out.echo(f"queue {queue!r} scaled from {summary['from']} to {summary['to']} partitions in "
              f"{summary['seconds']:.3f} s" + (f"; {deleted} message(s) left in removed partitions "
                                               f"were deleted" if deleted else ""))
+
+
+def _scale_remote(app: App, queue: str, partitions: int | None, abort: bool, online: bool,
+                  no_drain: bool, yes: bool, out: Output) -> None:
+    """``partq scale --address``: an online scale run by ``partq serve`` (``Client.scale``);
+    the offline procedure and --abort run on the store's host."""
+    if abort or not online or no_drain:
+        raise UserError("the offline procedure (--offline, --no-drain, --abort) runs on the "
+                        "store's host: run it there with --data DIR; over --address a queue "
+                        "scales online")
+    if partitions is None:
+        raise click.UsageError("pass --partitions N")
+    with app.broker(network=True) as client:
+        config = client.queue_config(queue)
+        scaling.check_scalable(config)
+        dataclasses.replace(config, partitions=partitions)  # validates the count (InvalidConfig)
+        if partitions == config.partitions and config.scaling_status == "Ready":
+            if out.json:
+                out.line({"queue": queue, "from": partitions, "to": partitions, "changed": False})
+            else:
+                out.echo(f"queue {queue!r} already has {partitions} partitions; nothing to do")
+            return
+        if partitions < config.partitions:
+            confirm(yes, f"Scale queue {queue!r} online from {config.partitions} to {partitions} "
+                         f"partitions? Ingress stays on; partitions {partitions} to "
+                         f"{config.partitions - 1} take no new messages and are removed once "
+                         f"drained.", f"pass --yes to scale queue {queue!r}")
+        started = time.monotonic()
+        steps: list[str] = []
+        scaled = client.scale(queue, partitions, progress=steps.append, online=True)
+    seconds = time.monotonic() - started
+    if out.json:
+        out.line({"queue": queue, "from": config.partitions, "to": scaled.partitions,
+                  "changed": True, "online": True, "seconds": round(seconds, 6), "notes": steps})
+        return
+    for step in steps:
+        out.echo(f"      {step}")
+    out.echo(f"queue {queue!r} scaled from {config.partitions} to {scaled.partitions} partitions "
+             f"in {seconds:.3f} s")
 
 
 def removed_messages(broker, queue: str) -> int:

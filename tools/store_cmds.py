@@ -6,7 +6,7 @@ import time
 
 import click
 
-from partq.ops.stats import stats as store_stats
+from partq.tools import store_ops
 from partq.tools.common import App, UserError, pass_app, read_only_option
 from partq.tools.output import Output, human_size, on_off, output_options
 from partq.tools.queue_cmds import queue_notes
@@ -57,15 +57,16 @@ def stats(app: App, queue: str | None, out: Output) -> None:
     shrinks, freed pages are reused); the live data the store needs now (live_bytes); the map
     (address space, not disk).
     """
-    with app.reading() as broker:
-        doc = store_stats(broker, queue)
-        notes = [] if out.json else queue_notes(broker, doc["queues"])
+    with app.reading(network=True) as broker:
+        doc = store_ops.stats(app, broker, queue)
+        notes = [] if out.json else queue_notes(app, broker, doc["queues"])
     queues = doc["queues"]
-    usage = {"path": app.path, **doc["store"]}
+    usage = {"path": doc["path"], **doc["store"]}
     if out.json:
         out.doc({"store": usage, "queues": queues})
         return
-    out.echo(f"store {app.path}: file {human_size(usage['file_size'])} (high-water mark "
+    where = usage["path"] + (f" (through partq serve at {app.address})" if app.address else "")
+    out.echo(f"store {where}: file {human_size(usage['file_size'])} (high-water mark "
              f"{human_size(usage['used_bytes'])}, live data {human_size(usage['live_bytes'])}), "
              f"map {human_size(usage['map_size'])}, readers "
              + (f"{usage['readers']}/{usage['max_readers']}" if usage["readers"] is not None

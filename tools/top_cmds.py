@@ -111,7 +111,8 @@ def top(app: App, queues: tuple[str, ...], interval: float, count: int | None,
     stop = threading.Event()
     for sig in (signal.SIGTERM,):
         signal.signal(sig, lambda *_: stop.set())     # handlers only set flags
-    with _source(app, address, token_file, tls_ca, list(queues)) as take:
+    with _source(app, address or app.address, token_file or app.token_file, tls_ca or app.tls_ca,
+                 list(queues)) as take:
         if out.json:
             _print_json(take, out, interval, count, stop)
         else:

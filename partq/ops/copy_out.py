@@ -73,6 +73,17 @@ class CopyReport:
             doc["removed_from_parent"] = self.removed_from_parent
         return doc
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> CopyReport:
+        """The report ``as_dict`` gave (``partq copy-out --address`` reads it from ``partq
+        serve``)."""
+        own = {"queue", "copied", "complete", "partitions", "removed_from_parent"}
+        parts = [PartitionReport(p["partition"], p["from_seq"], p["to_seq"], p["resumed"],
+                                 p["copied"], p["skipped_acked"], list(p["skipped_corrupt"]))
+                 for p in doc["partitions"]]
+        return cls(doc["queue"], {k: v for k, v in doc.items() if k not in own}, doc["copied"],
+                   doc["complete"], parts, doc.get("removed_from_parent"))
+
 
 def check_copy(queue: str, *, to_queue: str | None = None, to_file: str | None = None,
                fmt: str = "jsonl", overwrite: bool = False, partition: int | None = None,

@@ -104,6 +104,16 @@ class RequeueReport:
                                 "requeued": p.copied, "skipped_acked": p.skipped_acked,
                                 "skipped_corrupt": p.skipped_corrupt} for p in self.partitions]}
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> RequeueReport:
+        """The report ``as_dict`` gave (``partq dead requeue --address`` reads it from
+        ``partq serve``)."""
+        parts = [PartitionReport(p["partition"], p["from_seq"], p["to_seq"], False, p["requeued"],
+                                 p["skipped_acked"], list(p["skipped_corrupt"]))
+                 for p in doc["partitions"]]
+        fields = {k: v for k, v in doc.items() if k != "partitions"}
+        return cls(**fields, partitions=parts)
+
 
 def options_tag(to_queue: str | None, keys: list[str], reasons: list[str]) -> str:
     """What tells one requeue from another in checkpoint names: a hash of its destination rule

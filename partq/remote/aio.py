@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from partq.config import QueueConfig
 from partq.flow import Flow, received
 from partq.message import FlowChangeUpdate, Message, PublishResult
 from partq.publish.encode import check_batch
@@ -57,6 +58,34 @@ class AsyncClient:
 
     async def queue_status(self, queue: str) -> QueueStatus:
         return await asyncio.to_thread(self.sync.queue_status, queue)
+
+    # the queue verbs of Broker (partq.remote.client_admin), in a worker thread each
+    async def create_queue(self, name: str, partitions: int = 1, exist_ok: bool = False,
+                           **options) -> QueueConfig:
+        return await asyncio.to_thread(self.sync.create_queue, name, partitions, exist_ok,
+                                       **options)
+
+    async def update_queue(self, name: str, **changes) -> QueueConfig:
+        return await asyncio.to_thread(self.sync.update_queue, name, **changes)
+
+    async def delete_queue(self, name: str) -> None:
+        await asyncio.to_thread(self.sync.delete_queue, name)
+
+    async def queue_config(self, name: str) -> QueueConfig:
+        return await asyncio.to_thread(self.sync.queue_config, name)
+
+    async def queues(self) -> list[QueueConfig]:
+        return await asyncio.to_thread(self.sync.queues)
+
+    async def scale(self, name: str, partitions: int, progress=None, online: bool = False,
+                    wait: bool = True) -> QueueConfig:
+        return await asyncio.to_thread(self.sync.scale, name, partitions, progress, online, wait)
+
+    async def kill_message(self, queue: str, partition: int, seq: int) -> bool:
+        return await asyncio.to_thread(self.sync.kill_message, queue, partition, seq)
+
+    async def ack_message(self, queue: str, partition: int, seq: int) -> bool:
+        return await asyncio.to_thread(self.sync.ack_message, queue, partition, seq)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.sync.close)

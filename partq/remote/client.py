@@ -38,6 +38,7 @@ from partq.flow import BoundFlows, Flow
 from partq.message import PublishResult
 from partq.publish.encode import check_types
 from partq.remote.answers import EachAnswer, items_of, result_of, results_of, unsendable
+from partq.remote.client_admin import ClientAdmin
 from partq.remote.client_txn import ClientTransaction
 from partq.remote.endpoint import RemoteEndpoint, RemotePending
 from partq.remote.singles import Singles
@@ -108,7 +109,10 @@ def _hang_up(sock: Conn, stream, outbox: Outbox) -> None:
     sock.close()
 
 
-class Client:
+class Client(ClientAdmin):
+    """A connection to ``partq serve``: publish, bind, transactions, and the queue verbs of
+    ``Broker`` (``partq.remote.client_admin``)."""
+
     def __init__(self, address: str, token: bytes | None,
                  ssl_context: ssl_module.SSLContext | None, timeout: float,
                  reconnect_timeout: float = RECONNECT_TIMEOUT) -> None:
@@ -408,11 +412,16 @@ class Client:
                 raise ServerUnavailable(f"no connection to {self.address} for "
                                         f"{self.timeout:g} s")
 
-    def publish_many(self, queue: str, items: Iterable) -> list[PublishResult]:
-        """Publish a batch in one transaction on the server (all or nothing)."""
+    def publish_many(self, queue: str, items: Iterable,
+                     ttl: float | None = None) -> list[PublishResult]:
+        """Publish a batch in one transaction on the server (all or nothing), each message with
+        ``ttl`` seconds to live (as ``Broker.publish_many``)."""
         items = items_of(items)
+        frame: dict = {"op": "publish", "queue": queue, "items": items}
+        if ttl is not None:
+            frame["ttl"] = ttl
         try:
-            pending = self.request({"op": "publish", "queue": queue, "items": items}, results_of)
+            pending = self.request(frame, results_of)
         except PartqError:
             raise
         except (TypeError, ValueError, OverflowError):   # msgpack refused a message of it

@@ -66,6 +66,12 @@ ATTEMPTS = _list_of(lambda v: type(v) is list and len(v) in (2, 3) and _int(v[0]
                     and _int(v[1], U64) and (len(v) == 2 or v[2] is None or _int(v[2], U64)),
                     "a list of [task_partition, attempt, rows or nil]")
 
+INTEGER = Field(lambda v: type(v) is int, "an integer")
+SETTINGS = Field(lambda v: type(v) is dict and all(type(k) is str for k in v),
+                 "a map of queue settings, by name")
+TEXTS = _list_of(lambda v: type(v) is str, "a list of strings")
+
+
 def _flow_row(v: object, n: int) -> bool:
     """[flow, partition, seq] (and a nack's delay, n = 4)."""
     return type(v) is list and len(v) == n and type(v[0]) is str and _int(v[1], U32) \
@@ -81,7 +87,7 @@ def _publish_row(v: object) -> bool:
 # every request: its fields (a field not named is ignored: a newer client's extra)
 REQUESTS: dict[str, dict[str, Field]] = {
     "beat": {},
-    "publish": {"queue": QUEUE, "items": ITEMS},
+    "publish": {"queue": QUEUE, "items": ITEMS, "ttl": NUMBER},
     "publish_each": {"queue": QUEUE, "items": ITEMS},
     "bind": {"queue": QUEUE, "name": _optional(Field(TEXT.ok, "a flow name (a string)")),
              "hint": PARTITIONS, "skip_corrupt": FLAG},
@@ -118,6 +124,30 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "abort_job": {"job": TEXT},
     "resume_commits": {"slice_rows": COUNT},
     "ensure_queue": {"queue": QUEUE, "partitions": _optional(COUNT)},
+    # administration, and the command line's reads (partq.remote.admin_request): the values
+    # are the library's to check (a partition count, a setting, a position), in its words
+    "create_queue": {"queue": QUEUE, "partitions": INTEGER, "exist_ok": FLAG,
+                     "options": SETTINGS},
+    "update_queue": {"queue": QUEUE, "changes": SETTINGS},
+    "delete_queue": {"queue": QUEUE},
+    "queue_config": {"queue": QUEUE},
+    "queue_configs": {},
+    "scale": {"queue": QUEUE, "partitions": INTEGER, "online": FLAG, "wait": FLAG},
+    "kill_message": {"queue": QUEUE, "partition": INTEGER, "seq": INTEGER},
+    "ack_message": {"queue": QUEUE, "partition": INTEGER, "seq": INTEGER},
+    "stats": {"queue": _optional(QUEUE)},
+    "browse": {"queue": QUEUE, "partition": _optional(INTEGER), "parent": FLAG,
+               "from_seq": INTEGER, "to_seq": _optional(INTEGER),
+               "key": _optional(TEXT), "limit": INTEGER,
+               "resume": _optional(Field(_pair, "a position, as [partition, seq]"))},
+    "stranded": {"queue": QUEUE, "parent_depth": _optional(INTEGER)},
+    "position": {"queue": QUEUE, "partition": INTEGER, "seq": INTEGER},
+    "after": {"queue": QUEUE, "partition": INTEGER},
+    "copy_out": {"queue": QUEUE, "to_queue": QUEUE, "partition": _optional(INTEGER),
+                 "parent": FLAG, "move": FLAG, "from_seq": _optional(INTEGER),
+                 "to_seq": _optional(INTEGER), "batch": INTEGER, "skip_corrupt": FLAG},
+    "requeue": {"queue": QUEUE, "to": _optional(QUEUE), "keys": TEXTS, "reasons": TEXTS,
+                "limit": INTEGER, "batch": INTEGER, "ignore_interrupted": FLAG},
 }
 
 REQ = _optional(Field(lambda v: _int(v, U64), "a request id (an integer)"))

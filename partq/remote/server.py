@@ -18,6 +18,9 @@ One session per connection. Requests carry an id and are answered in order of co
     replication {}                          -> replication {replication}
     logs, read, stage, commit_job, abort_job, resume_commits, ensure_queue
                                              (the Spark source: partq.jobs.staging.spark_request)
+    create_queue, update_queue, delete_queue, queue_config, queue_configs, scale, kill_message,
+    ack_message, stats, browse, stranded, position, after, requeue
+                                             (administration: partq.remote.admin_request)
     beat                                     (no answer; any frame keeps a session alive)
     every field of a request is checked first (``partq.remote.requests``): a request that fails
     is refused like any other, with its typed error, and the connection goes on
@@ -49,6 +52,7 @@ from contextlib import AbstractContextManager
 from partq.errors import FlowClosed, FrameError, InvalidConfig, InvalidMessage, PartqError
 from partq.jobs.staging import spark_request
 from partq.pending import add_done_callback
+from partq.remote.admin_request import ADMIN_OPS, admin_request
 from partq.remote.memory import give_back_freed_memory, keep_large_blocks_apart
 from partq.remote.pump import Pump
 from partq.remote.pumps import Pumps
@@ -215,13 +219,13 @@ class Session:
                                      f"smaller batches")
             if op == "publish":
                 items = [tuple(item) for item in frame["items"]]
-                queue = frame["queue"]
+                queue, ttl = frame["queue"], frame.get("ttl")
                 if len(items) == 1 and len(items[0]) == 3:
-                    one = self.broker.publish_async(queue, *items[0])   # merged with others
-                    self._when_durable((req, one, lambda r: {
+                    one = self.broker.publish_async(queue, *items[0], ttl=ttl)  # merged with
+                    self._when_durable((req, one, lambda r: {                  # others
                         "op": "published", "req": req, "results": [r]}))
                     return
-                pending = self.broker.publish_many_async(queue, items, commit_here=True)
+                pending = self.broker.publish_many_async(queue, items, ttl, commit_here=True)
                 self._when_durable((req, pending, lambda results: {     # (partition, seq,
                     "op": "published", "req": req, "results": results}))  # discarded) each
             elif op == "publish_each":
@@ -259,6 +263,8 @@ class Session:
             elif op == "queues":          # partq top --address
                 self.send({"op": "queues", "req": req,
                            "queues": sorted(c.name for c in self.broker.queues())})
+            elif op in ADMIN_OPS:         # administration: partq.remote.admin_request
+                self.send({**admin_request(self.broker, frame, self.who), "req": req})
             elif op == "replication":
                 self.send({"op": "replication", "req": req,
                            "replication": self.broker.replication_status().as_dict()})

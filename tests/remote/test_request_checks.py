@@ -50,6 +50,20 @@ WRONG = {
                                        "InvalidMessage"),
     "commit_job attempts of strings": ({"op": "commit_job", "queue": "q", "job": JOB,
                                         "attempts": ["0"], "slice_rows": 10}, "InvalidConfig"),
+    "create_queue partitions a string": ({"op": "create_queue", "queue": "n",
+                                          "partitions": "4", "options": {}}, "InvalidConfig"),
+    "create_queue options a list": ({"op": "create_queue", "queue": "n", "partitions": 1,
+                                     "options": [1]}, "InvalidConfig"),
+    "update_queue changes a string": ({"op": "update_queue", "queue": "q",
+                                       "changes": "ingress_enabled"}, "InvalidConfig"),
+    "scale online a string": ({"op": "scale", "queue": "q", "partitions": 2, "online": "yes"},
+                              "InvalidConfig"),
+    "kill_message seq a string": ({"op": "kill_message", "queue": "q", "partition": 0,
+                                   "seq": "0"}, "InvalidConfig"),
+    "browse resume a string": ({"op": "browse", "queue": "q", "from_seq": 0, "limit": 1,
+                                "resume": "0"}, "InvalidConfig"),
+    "requeue keys of ints": ({"op": "requeue", "queue": "q", "keys": [1], "reasons": [],
+                              "limit": 0, "batch": 1}, "InvalidConfig"),
 }
 
 
@@ -95,9 +109,11 @@ def test_a_request_with_a_wrong_field_gets_its_typed_error_and_the_connection_go
 
 
 def test_every_request_the_server_reads_is_in_the_table():
-    """The table is the list of requests: the session's own and the Spark source's."""
+    """The table is the list of requests: the session's own, the Spark source's and the
+    administration's."""
     from partq.jobs.staging import SPARK_OPS
+    from partq.remote.admin_request import ADMIN_OPS
     from partq.remote.requests import REQUESTS
     own = {"beat", "publish", "publish_each", "bind", "ack", "ack_through", "nack", "reject",
            "unbind", "status", "queues", "replication", "transaction"}
-    assert set(REQUESTS) == own | SPARK_OPS
+    assert set(REQUESTS) == own | SPARK_OPS | ADMIN_OPS
