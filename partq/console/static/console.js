@@ -46,7 +46,9 @@ const onOff = b => (b ? "on" : el("span", { class: "bad" }, "off"));
 function useBar(fraction) {
   if (fraction === null || fraction === undefined) return "–";
   const pct = Math.min(100, Math.round(fraction * 100));
-  return el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${pct}%` })), ` ${pct}%`);
+  const fill = el("span", {});
+  fill.style.width = pct + "%";     // (a style attribute would break the page's CSP)
+  return el("span", {}, el("span", { class: "bar" }, fill), ` ${pct}%`);
 }
 function card(label, value, id) {
   return el("div", { class: "card", id }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
@@ -96,7 +98,7 @@ function askToken() {
 
 // ------------------------------------------------------------------ the chart
 function chart(id, series) {
-  const W = 600, H = 160, L = 44, B = 18;
+  const W = 1200, H = 170, L = 60, B = 20;
   const peak = Math.max(1, ...series.in, ...series.out);
   const x = t => L + (W - L - 4) * (1 + t / series.window);
   const y = v => H - B - (H - B - 6) * (v / peak);
@@ -104,7 +106,6 @@ function chart(id, series) {
   const last = a => (a.length ? a[a.length - 1] : 0);
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("preserveAspectRatio", "none");
   svg.id = id;
   svg.dataset.samples = series.t.length;
   svg.dataset.lastIn = last(series.in);
@@ -121,7 +122,7 @@ function chart(id, series) {
   add("text", { x: 2, y: 14 }, fmtRate(peak));
   add("text", { x: 2, y: H - B }, "0");
   add("text", { x: L, y: H - 4 }, `-${Math.round(series.window / 60)} min`);
-  add("text", { x: W - 30, y: H - 4 }, "now");
+  add("text", { x: W - 28, y: H - 4 }, "now");
   add("polyline", { class: "in", points: line(series.in) });
   add("polyline", { class: "out", points: line(series.out) });
   return el("div", { class: "chart" }, svg,
@@ -216,7 +217,11 @@ function queuePage(doc) {
     el("h2", {}, "Flows"),
     table("flows", ["flow", "state", "partitions", "process / client", "age#", "heartbeat#"], flows),
     el("h2", {}, "Rebalance dry-run"),
-    el("pre", { id: "rebalance" }, plan.error ? plan.error : JSON.stringify(plan, null, 1)),
+    el("p", { id: "rebalance-summary" }, plan.error ? plan.error
+      : `${plan.balanced ? "balanced" : "not balanced"}; ${(plan.changes || []).length} change(s) planned` +
+        `${(plan.unassigned || []).length ? `; unassigned: ${plan.unassigned.join(", ")}` : ""}; status after: ${plan.status_after}`),
+    el("details", {}, el("summary", {}, "the whole plan"),
+      el("pre", { id: "rebalance" }, JSON.stringify(plan, null, 1))),
   ];
 }
 
