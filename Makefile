@@ -26,7 +26,10 @@ demo: $(BASE)
 # module's fixtures, such as the crash-point sweep, run once): 7.5 min instead of 12-13.5 on two
 # cores, most tests waiting on processes, sockets and timers. TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
+# the console's browser tests drive Debian's chromium; without it they are skipped, saying why
 test: $(FULL) lint-imports
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	    || echo "chromium could not be installed: the console's browser tests will be skipped"
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
@@ -44,7 +47,7 @@ lint-imports: $(FULL)
 # (tagged with its script), then bench/report.py writes bench/results/README.md and ratios.png.
 # A script that fails leaves a "skipped" line; make bench goes on and fails at the end.
 BENCH_SCRIPTS := publish encode_cost quota_cost lifecycle_cost rebalance key_ordering online_scaling idle partitioner replication takeover \
-                 remote tls_soak memory hostile spark_ingest spark_read peers startup transactions
+                 remote tls_soak memory hostile spark_ingest spark_read peers startup transactions console
 BENCH_OUT := bench/results/make_bench.jsonl
 
 bench: $(FULL)

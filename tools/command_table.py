@@ -56,6 +56,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("partq.tools.serve_cmds:serve",
               "Run delivery (and, with --listen, publishing) of every queue in --data DIR until "
               "SIGTERM or Ctrl-C."),
+    "console": ("partq.tools.console_cmds:console",
+                "Serve a web console of --data DIR on --listen until SIGTERM or Ctrl-C: every "
+                "queue with its depth, bytes, rates (a chart of the last minutes) and dead "
+                "messages; a queue's partitions, flows, what blocks a partition and the "
+                "rebalance dry-run; its messages."),
     "top": ("partq.tools.top_cmds:top",
             "A live view of QUEUES (default: every queue), refreshed every second: queues, "
             "partitions (depth, status, owning flow), flows (process, unacked, ack rate) and "

@@ -1,10 +1,8 @@
 """``partq serve``: run delivery and publishing of a directory for other processes and hosts."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
-import ssl
 import sys
 import threading
 import time
@@ -12,43 +10,11 @@ import time
 import click
 
 from partq.remote.server import Server
-from partq.tools.common import App, Seconds, UserError, pass_app
+from partq.tools.common import App, Seconds, pass_app
+from partq.tools.listening import LOG_FORMATS, configure_logging, tls_context
 from partq.tools.output import Output, output_options
 from partq.wire.handshake import read_token
 from partq.wire.listener import Limits
-
-LOG_FORMATS = ("text", "json")
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {"time": round(record.created, 3), "level": record.levelname.lower(),
-               "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def configure_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("partq")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
-def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    if cert is None and key is None:
-        return None
-    if cert is None or key is None:
-        raise click.UsageError("pass both --tls-cert and --tls-key, or neither")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise UserError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
-    return context
 
 
 @click.command()
@@ -69,6 +35,12 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @click.option("--metrics-listen", metavar="HOST:PORT",
               help="Serve Prometheus metrics over HTTP on this address (GET /metrics; an empty "
                    "HOST is 127.0.0.1; see docs/operations.md).")
+@click.option("--console-listen", metavar="HOST:PORT",
+              help="Serve the web console on this address too (`partq console`; --token-file "
+                   "and --tls-* apply to it as to --listen: other hosts need both).")
+@click.option("--console-allow-actions", is_flag=True,
+              help="Let the console change things (requeue, kill, ack, pause, scale), each "
+                   "confirmed and logged.")
 @click.option("--replication-listen", metavar="HOST:PORT",
               help="Serve DR-standbys on this TCP address (`partq standby --primary`); "
                    "without --replication-token-file only loopback standbys are let in.")
@@ -91,7 +63,8 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 @pass_app
 def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | None,
           tls_key: str | None, max_connections: int, idle_timeout: float, max_frame: int,
-          metrics_listen: str | None, replication_listen: str | None, replication_mode: str,
+          metrics_listen: str | None, console_listen: str | None,
+          console_allow_actions: bool, replication_listen: str | None, replication_mode: str,
           replication_token_file: str | None, replication_tls_cert: str | None,
           replication_tls_key: str | None, log_level: str, log_format: str,
           out: Output) -> None:
@@ -108,8 +81,10 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
     configure_logging(log_level, log_format)
     token = read_token(token_file=token_file) if token_file else None
     context = tls_context(tls_cert, tls_key)
-    if listen is None and (token or context):
-        raise click.UsageError("--token-file and --tls-* apply to --listen")
+    if listen is None and console_listen is None and (token or context):
+        raise click.UsageError("--token-file and --tls-* apply to --listen and --console-listen")
+    if console_allow_actions and console_listen is None:
+        raise click.UsageError("--console-allow-actions applies to --console-listen")
     replication: dict = {}
     if replication_listen is not None:
         replication = {"replication_listen": replication_listen,
@@ -142,9 +117,21 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
                 if server is not None:
                     server.close()
                 raise
+        console = None
+        if console_listen is not None:
+            from partq.console import ConsoleServer
+            try:
+                console = ConsoleServer(broker, console_listen, token=token, ssl_context=context,
+                                        allow_actions=console_allow_actions)
+            except BaseException:
+                for other in (metrics, server):
+                    if other is not None:
+                        other.close()
+                raise
         started = {"serving": app.path, "listen": server.address if server else None,
                    "tls": context is not None, "token": token is not None,
                    "metrics": metrics.address if metrics else None,
+                   "console": console.url if console else None,
                    "replication": broker.replication_address if replication else None,
                    "queues": [c.name for c in broker.queues()]}
         if out.json:
@@ -153,11 +140,14 @@ def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | 
             out.echo(f"serving {app.path}" + (f" on {server.address}" if server else "")
                      + (" with TLS" if context else "")
                      + (f", metrics on http://{metrics.address}/metrics" if metrics else "")
+                     + (f", console on {console.url}" if console else "")
                      + (f", DR-standbys on {broker.replication_address}" if replication else "")
                      + "; stop with Ctrl-C or SIGTERM")
         sys.stdout.flush()
         while not stop.wait(0.5):
             pass
+        if console is not None:
+            console.close()
         if metrics is not None:
             metrics.close()
         if server is not None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from array import array
 
+from partq.storage.encoding import unpack_u64
+from partq.storage.writer import QUEUE_BYTES
+
 
 class _Chunks:
     __slots__ = ("lasts", "sizes", "first", "total", "next_seq")
@@ -55,3 +58,12 @@ class BacklogBytes:
         """Forget partitions not measured in the last scrape (deleted queues and partitions)."""
         for key in [k for k in self._parts if k not in seen]:
             del self._parts[key]
+
+
+def stored_bytes(r, qid: int, backlog: dict[int, int]) -> int:
+    """Bytes of queue ``qid``'s stored log: the counter a queue with ``max_bytes`` keeps (what
+    its quota checks; one read), else ``backlog``, the bytes ``BacklogBytes`` just measured per
+    partition (no read: ``partq.publish.quota.stored_bytes`` would scan every chunk of such a
+    queue)."""
+    raw = r.queue_meta(qid, QUEUE_BYTES)
+    return sum(backlog.values()) if raw is None else unpack_u64(raw)

@@ -26,11 +26,10 @@ from prometheus_client.registry import Collector
 import partq
 from partq.delivery.dead_letter import REASONS as DEAD_REASONS
 from partq.errors import PartqError
-from partq.metrics.backlog import BacklogBytes
+from partq.metrics.backlog import BacklogBytes, stored_bytes
 from partq.metrics.durable import queue_counts
 from partq.states import PartitionState, RebalanceState, ScalingState
-from partq.storage.encoding import PARENT, unpack_u64
-from partq.storage.writer import QUEUE_BYTES
+from partq.storage.encoding import PARENT
 
 log = logging.getLogger("partq.metrics")
 
@@ -47,14 +46,6 @@ def partition_label(p: int) -> str:
 def flow_label(name: str | None, flow_id: str) -> str:
     """A flow's ``flow`` label: its name (stable across rebinds and restarts), else its id."""
     return name or flow_id
-
-
-def _stored_bytes(r, qid: int, backlog: dict[int, int]) -> int:
-    """Bytes of queue ``qid``'s stored log: the counter a queue with ``max_bytes`` keeps (what
-    its quota checks; one read), else the backlog bytes just measured per partition (no read:
-    ``partq.publish.quota.stored_bytes`` would scan every chunk of such a queue)."""
-    raw = r.queue_meta(qid, QUEUE_BYTES)
-    return sum(backlog.values()) if raw is None else unpack_u64(raw)
 
 
 class _Families:
@@ -119,7 +110,7 @@ class BrokerCollector(Collector):
             counts = queue_counts(r, config)
             backlog = {p.partition: self._backlog.measure(r, config.qid, p.partition, p.ack_floor)
                        for p in st.partitions}
-            stored = _stored_bytes(r, config.qid, backlog)
+            stored = stored_bytes(r, config.qid, backlog)
         seen.update((config.qid, p) for p in backlog)
         g, c = fams.gauge, fams.counter
         g("partq_queue_up", "1 when the queue's status could be read", ("queue",)).add_metric(q, 1)
@@ -162,7 +153,7 @@ class BrokerCollector(Collector):
     def _lifecycle(self, fams: _Families, config, st, stored: int) -> None:
         """Dead messages, quotas and nack delays (rules `dead-messages`, `quota`,
         `retry-delay`): from the queue's status and config, read for the rest of the scrape
-        anyway, and ``stored`` (``_stored_bytes``)."""
+        anyway, and ``stored`` (``stored_bytes``)."""
         g, c = fams.gauge, fams.counter
         q = [config.name]
         dead = c("partq_dead_messages", "Dead messages by reason: max_redelivery, expired, "

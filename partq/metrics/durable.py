@@ -34,13 +34,24 @@ class QueueCounts:
     partition_published: dict[int, int] = field(default_factory=dict)   # live partitions' heads
 
 
+def published_acked(r, qid: int, backlog: int) -> tuple[int, int]:
+    """Messages of queue ``qid`` published and acked, given its ``backlog`` (what its live logs
+    hold unacked, the parent queue's log included: a status's ``depth + parent_depth``)."""
+    published = sum(r.heads(qid).values())
+    return published, max(0, published - backlog - _removed(r, qid))
+
+
+def _removed(r, qid: int) -> int:
+    raw = r.queue_meta(qid, QUEUE_REMOVED)
+    return 0 if raw is None else unpack_u64(raw)
+
+
 def queue_counts(r, config: QueueConfig) -> QueueCounts:
     qid = config.qid
     heads = r.heads(qid)
     live = r.partitions(qid)
     backlog = sum(r.ack_state(qid, p).backlog(heads.get(p, 0)) for p in live)
-    raw = r.queue_meta(qid, QUEUE_REMOVED)
-    removed = 0 if raw is None else unpack_u64(raw)
+    removed = _removed(r, qid)
     published = sum(heads.values())
     moves = read_counts(r, qid)
     return QueueCounts(

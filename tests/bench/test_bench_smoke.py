@@ -148,3 +148,15 @@ def test_transactions_bench_quick_prints_json_lines(tmp_path):
     check_bench_lines(stdout.splitlines(),
                       {"load_average_at_start", "partq_transaction_100_acks_100_publishes"},
                       ratio_from="measured", peers_in_run=False)
+
+
+def test_console_bench_quick_prints_json_lines(tmp_path):
+    stdout = run_quick("console", tmp_path)
+    lines = check_bench_lines(stdout.splitlines(),
+                              {"load_average_at_start", "partq_stats_json_30_queues",
+                               "console_overview_30_queues", "console_open_cpu_30_queues",
+                               "console_open_cpu_30_queues_partq_console"},
+                              ratio_from="measured", positive=False)
+    overview = lines["console_overview_30_queues"]
+    assert overview["target"] == 1000.0 and overview["queues"] == 30
+    assert lines["console_open_cpu_30_queues"]["polls"] >= 1
