@@ -34,6 +34,7 @@ _LAZY = {
     "FlowStatus": "partq.status", "PartitionStatus": "partq.status",
     "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
     "connect": "partq.remote.client", "Client": "partq.remote.client",
+    "Worker": "partq.worker",
 }
 
 # submodules reached as attributes, as the README does: ``partq.aio.connect(...)``
@@ -77,3 +78,4 @@ if TYPE_CHECKING:
     from partq.status import PartitionStatus as PartitionStatus
     from partq.status import QueueStatus as QueueStatus
     from partq.storage.encoding import PARENT as PARENT
+    from partq.worker import Worker as Worker

@@ -362,7 +362,8 @@ class FlowCalls:
             ops += self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return ops, back
 
-    def reject(self, flow, msg: Message, now: float, now_ns: int) -> list:
+    def reject(self, flow, msg: Message, now: float, now_ns: int,
+               headers: dict | None = None) -> list:
         """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its
         dead message queue in one write; the rest of its partition flows on. Returns the
         writes."""
@@ -371,7 +372,7 @@ class FlowCalls:
             return []
         del ps.inflight[msg.seq]
         flow.inflight -= 1
-        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1)]
+        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1, headers)]
         self._acked_dead(dead)
         ops = [dead_op(self.name, self.qid, dead, now_ns)]
         if slot in self.core.handoffs:

@@ -180,10 +180,12 @@ class FlowService:
         self._commit_and_notify(fut)
         return back
 
-    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
+               headers: dict | None = None) -> None:
         state.poll.touch(self.clock.now())
         with self._lock:
-            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()), qd)
+            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns(),
+                                         headers), qd)
         self._commit_and_notify(fut)
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None:

@@ -31,7 +31,8 @@ class FlowDelivery(Protocol):
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
              delay: float | None) -> list[int]: ...
 
-    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
+               headers: dict | None = None) -> None: ...
 
     def unbind(self, qd: QueueDelivery, state: FlowState) -> None: ...
 
@@ -65,8 +66,8 @@ class LocalEndpoint:
     def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         return self._delivery.nack(self._qd, self._state, msg, delay)
 
-    def reject(self, msg: Message) -> None:
-        self._delivery.reject(self._qd, self._state, msg)
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
+        self._delivery.reject(self._qd, self._state, msg, headers)
 
     def unbind(self) -> None:
         self._delivery.unbind(self._qd, self._state)

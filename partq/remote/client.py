@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from partq import errors
 from partq.clock import MAX_SECONDS
+from partq.config import QueueConfig
 from partq.errors import (
     ConnectionEnded,
     FrameError,
@@ -439,6 +440,15 @@ class Client:
         doc = self.call({"op": "status", "queue": queue})["status"]
         return QueueStatus(**{**doc, "partitions": [PartitionStatus(**p) for p in doc["partitions"]],
                               "flows": [FlowStatus(**f) for f in doc["flows"]]})
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """The queue's settings, as ``Broker.queue_config``."""
+        return QueueConfig.from_dict(self.call({"op": "config", "queue": name})["config"])
+
+    def ensure_dead_message_queue(self, name: str) -> tuple[str, list[str]]:
+        """As ``Broker.ensure_dead_message_queue``, done by the server."""
+        reply = self.call({"op": "ensure_dead_queue", "queue": name})
+        return reply["dead_message_queue"], list(reply["done"])
 
     def close(self) -> None:
         """Unbind every flow (a closed connection is an unbind) and close the connection."""

@@ -284,10 +284,13 @@ class RemoteEndpoint:
         self._given_back(msg.partition, set(back), reply.get("upto", 0))
         return back
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         self._poll.touch(time.monotonic())
         self._refuse([msg], "rejected")
-        self.client.call({"op": "reject", "flow": self.flow_id, "id": [msg.partition, msg.seq]})
+        frame: dict = {"op": "reject", "flow": self.flow_id, "id": [msg.partition, msg.seq]}
+        if headers:
+            frame["headers"] = headers
+        self.client.call(frame)
         with self._cond:
             self._unacked.discard((msg.partition, msg.seq))
 

@@ -77,9 +77,13 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "ack_through": {"flow": FLOW, "partition": PARTITION._replace(error=InvalidAck),
                     "seq": SEQ._replace(error=InvalidAck)},
     "nack": {"flow": FLOW, "id": ID, "delay": NUMBER},
-    "reject": {"flow": FLOW, "id": ID},
+    "reject": {"flow": FLOW, "id": ID,
+               "headers": _optional(Field(lambda v: type(v) is dict and all(
+                   type(k) is str for k in v), "headers (a map of strings to values)"))},
     "unbind": {"flow": FLOW},
     "status": {"queue": QUEUE},
+    "config": {"queue": QUEUE},
+    "ensure_dead_queue": {"queue": QUEUE},
     "queues": {},
     "replication": {},
     # the Spark source (partq.jobs.staging.spark_request)

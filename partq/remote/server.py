@@ -10,9 +10,12 @@ One session per connection. Requests carry an id and are answered in order of co
     ack {flow, ids: [[partition, seq], ...]} -> ok        (after the acks are durable)
     ack_through {flow, partition, seq}      -> ok        (likewise)
     nack {flow, id: [partition, seq], delay} -> ok {upto} (answered by the flow's pump)
-    reject {flow, id: [partition, seq]}     -> ok {upto}  (likewise)
+    reject {flow, id: [partition, seq], headers} -> ok {upto}  (likewise; headers: added to
+                                             the dead copy's)
     unbind {flow}                           -> ok
     status {queue}                          -> status {status}
+    config {queue}                          -> config {config}   (``QueueConfig.to_dict``)
+    ensure_dead_queue {queue}               -> ok {dead_message_queue, done}
     queues {}                               -> queues {queues: [name, ...]}
     replication {}                          -> replication {replication}
     logs, read, stage, commit_job, abort_job, resume_commits, ensure_queue
@@ -240,7 +243,8 @@ class Session:
             elif op in ("nack", "reject"):
                 pump = self._pump(frame)
                 msg = pump.messages([frame["id"]])[0]
-                pump.nack(req, msg, frame.get("delay"), reject=op == "reject")  # the pump
+                pump.nack(req, msg, frame.get("delay"), reject=op == "reject",  # the pump
+                          headers=frame.get("headers"))
             elif op == "unbind":                                           # thread applies it
                 leaving = self.flows.pop(frame["flow"], None)
                 if leaving is not None:
@@ -251,6 +255,12 @@ class Session:
             elif op == "status":
                 status = self.broker.queue_status(frame["queue"])
                 self.send({"op": "status", "req": req, "status": status.as_dict()})
+            elif op == "config":          # partq.Worker through partq serve
+                self.send({"op": "config", "req": req,
+                           "config": self.broker.queue_config(frame["queue"]).to_dict()})
+            elif op == "ensure_dead_queue":
+                dead, done = self.broker.ensure_dead_message_queue(frame["queue"])
+                self.send({"op": "ok", "req": req, "dead_message_queue": dead, "done": done})
             elif op == "queues":          # partq top --address
                 self.send({"op": "queues", "req": req,
                            "queues": sorted(c.name for c in self.broker.queues())})

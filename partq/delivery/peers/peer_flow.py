@@ -37,7 +37,7 @@ class PeerGroup(Protocol):
 
     def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]: ...
 
-    def reject(self, flow: PeerFlow, msg: Message) -> None: ...
+    def reject(self, flow: PeerFlow, msg: Message, headers: dict | None = None) -> None: ...
 
     def unbind(self, flow: PeerFlow) -> None: ...
 
@@ -100,11 +100,11 @@ class PeerFlow(PeerCursors):
             return local.nack(msg, delay)
         return self._group.nack(self, msg, delay)
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         local = self._local
         if local is not None:
-            return local.reject(msg)
-        self._group.reject(self, msg)
+            return local.reject(msg, headers)
+        self._group.reject(self, msg, headers)
 
     def unbind(self) -> None:
         local = self._local
