@@ -124,13 +124,14 @@ def _register() -> None:
         store_cmds,
         top_cmds,
         verify_cmds,
+        worker_cmds,
     )
     for command in (store_cmds.init, queue_cmds.queue, publish_cmds.publish,
                     consume_cmds.consume, inspect_cmds.inspect, copy_cmds.copy_out,
                     copy_cmds.copy_in, dead_cmds.message, dead_cmds.dead, scale_cmds.scale,
                     rebalance_cmds.rebalance, verify_cmds.verify, store_cmds.stats,
                     store_cmds.demo, dr_cmds.standby, dr_cmds.dr, serve_cmds.serve,
-                    top_cmds.top):
+                    top_cmds.top, worker_cmds.worker):
         cli.add_command(command)
     for command in _leaves(cli):
         _add_data_option(command)
