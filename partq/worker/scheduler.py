@@ -53,7 +53,9 @@ def unit_of(msg: Message, ordering: str) -> tuple:
 class KeyScheduler:
     def __init__(self, ordering: str) -> None:
         self.ordering = ordering
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)      # handler threads wait here for work
+        self._room = threading.Condition(lock)      # the receiving thread waits here for room
         self._units: dict[tuple, deque[Entry]] = {}     # per unit, its head first
         self._out: set[tuple] = set()                   # units whose head is out
         self._ready: deque[Entry] = deque()
@@ -64,6 +66,7 @@ class KeyScheduler:
     def add(self, msgs: list[Message]) -> None:
         with self._cond:
             self._epoch += 1
+            ready = len(self._ready)
             for msg in msgs:
                 entry = Entry(msg, unit_of(msg, self.ordering), self._epoch)
                 queue = self._units.get(entry.unit)
@@ -74,7 +77,7 @@ class KeyScheduler:
                 if entry.unit not in self._out:
                     self._out.add(entry.unit)
                     self._ready.append(entry)
-            self._cond.notify_all()
+            self._cond.notify(len(self._ready) - ready)
 
     def epoch(self) -> int:
         """The current receive's number: entries received from now on have a higher one."""
@@ -102,9 +105,10 @@ class KeyScheduler:
         """``entries`` (each the head of its unit) were acked, nacked or rejected: hand out
         each unit's next message."""
         with self._cond:
+            ready = len(self._ready)
             for entry in entries:
                 self._finish(entry)
-            self._cond.notify_all()
+            self._woke(ready)
 
     def given_back(self, entry: Entry, partition: int, seqs: list[int], since: int) -> int:
         """A nack of ``entry`` gave back ``seqs`` of ``partition``: drop the copies of them
@@ -119,9 +123,16 @@ class KeyScheduler:
             if dropped:
                 self._units[entry.unit] = kept
                 self._buffered -= dropped
+            ready = len(self._ready)
             self._finish(entry)
-            self._cond.notify_all()
+            self._woke(ready)
             return dropped
+
+    def _woke(self, ready_before: int) -> None:
+        """Wake a handler thread per message made ready, and the receiving thread (there is
+        room now)."""
+        self._cond.notify(len(self._ready) - ready_before)
+        self._room.notify()
 
     def _finish(self, entry: Entry) -> None:
         queue = self._units.get(entry.unit)
@@ -146,7 +157,7 @@ class KeyScheduler:
         closed); return how many more may be received."""
         with self._cond:
             if self._buffered >= limit and not self._closed:
-                self._cond.wait(timeout)
+                self._room.wait(timeout)
             return max(limit - self._buffered, 0)
 
     def closed(self) -> bool:
@@ -159,4 +170,5 @@ class KeyScheduler:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._room.notify_all()
             return sum(len(q) for q in self._units.values()) - len(self._out) + len(self._ready)
