@@ -330,6 +330,21 @@ def test_reject_moves_the_message_to_the_dead_message_queue_at_once(kind):
     assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
 
 
+def test_a_reject_adds_the_consumers_headers_to_the_dead_copy(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq")
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"bad", key=keys_of(0, 1)[0], headers={"own": 1})
+    (bad,) = take(flow, 1)
+    with pytest.raises(partq.InvalidMessage, match="headers"):
+        flow.reject(bad, headers=["not", "a", "dict"])
+    flow.reject(bad, headers={"exception_type": "ValueError", "exception_message": "no"})
+    (dead,) = dead_copies(kind, 1)
+    assert dead.headers["own"] == 1 and dead.headers["dead_reason"] == "rejected"
+    assert (dead.headers["exception_type"], dead.headers["exception_message"]) == ("ValueError",
+                                                                                     "no")
+
+
 def test_a_nack_with_a_delay_comes_back_only_after_it(kind):
     make_queue(kind)
     flow = kind.bind("q")

@@ -99,5 +99,5 @@ def test_every_request_the_server_reads_is_in_the_table():
     from partq.jobs.staging import SPARK_OPS
     from partq.remote.requests import REQUESTS
     own = {"beat", "publish", "publish_each", "bind", "ack", "ack_through", "nack", "reject",
-           "unbind", "status", "queues", "replication"}
+           "unbind", "status", "queues", "replication", "config", "ensure_dead_queue"}
     assert set(REQUESTS) == own | SPARK_OPS
