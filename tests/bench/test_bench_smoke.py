@@ -128,3 +128,23 @@ def test_tls_soak_bench_quick_prints_json_lines(tmp_path):
                       positive=False, peers_in_run=False)
     lost = next(x for x in lines if x["name"] == "tls_soak_lost_connections")
     assert lost["value"] == 0 and lost["requests_failed"] == 0, lost
+
+
+def test_worker_bench_quick_prints_json_lines_and_says_skipped_without_redis(tmp_path):
+    """bench/worker.py --quick with a PATH that has no redis-server: dramatiq's and Celery's
+    lines say why they have no figure; partq's (and huey's, when installed) are measured."""
+    venv_bin = str(Path(sys.executable).parent)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "worker.py"), "--quick"],
+                          cwd=REPO, env=bench_env(REPO, tmp_path, path=venv_bin),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+    names = {"load_average_at_start", "worker_noop_8", "worker_sleep5ms_8",
+             "worker_sleep5ms_8_vs_ideal"} | {
+        f"worker_{label}_8_vs_{peer}" for label in ("noop", "sleep5ms")
+        for peer in ("dramatiq_redis", "celery_redis", "huey_sqlite")}
+    lines = check_bench_lines(proc.stdout.splitlines(), names, skips=True, peers_in_run=False,
+                              ratio_from="measured")
+    for peer in ("dramatiq_redis", "celery_redis"):
+        assert "redis-server" in lines[f"worker_noop_8_vs_{peer}"]["peer_skipped"]
+    assert lines["worker_sleep5ms_8_vs_ideal"]["target"] == 0.9
