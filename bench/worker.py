@@ -2,13 +2,14 @@
 
 Every side runs the same job: ``--tasks`` tasks (20,000) enqueued untimed, then a worker with 8
 concurrent handlers (threads) started; it is timed from the first task done to the last (done
-and acknowledged durably), so no side's start-up counts; the figure is tasks per second. Two handlers: a no-op, and one that sleeps 5 ms (the
-ideal for 8 handlers is 8 / 0.005 = 1,600 tasks/s).
+and acknowledged durably), so no side's start-up counts; the figure is tasks per second. Two
+handlers: a no-op, and one that sleeps 5 ms (the ideal for 8 handlers is 8 / 0.005 = 1,600
+tasks/s).
 
 * ``worker_noop_8`` / ``worker_sleep5ms_8``: ``partq.Worker`` on a directory, a queue of 8
   partitions with ``ordering="key"`` and 64 keys (never two tasks of one key at once).
   Durability: every ack is fsynced (group commits) before it counts, as every publish was.
-* ``..._vs_dramatiq_redis``: dramatiq 1.x's RedisBroker, one worker process with 8 threads,
+* ``..._vs_dramatiq_redis``: dramatiq's RedisBroker, one worker process with 8 threads,
   Redis with ``appendfsync always`` (each enqueue and ack is fsynced before Redis answers: equal
   durability). Done when the broker's message hash of the queue is empty (acked).
 * ``..._vs_celery_redis``: Celery 5 with the Redis transport, ``acks_late``, the ``threads``
@@ -42,7 +43,7 @@ from worker_peers import PEERS  # noqa: E402
 import partq  # noqa: E402
 
 SCRIPT = "worker"
-CONCURRENCY = 8
+CONCURRENCY = int(os.environ.get("BENCH_CONC", "8"))
 KEYS, PARTITIONS = 64, 8
 SLEEP = 0.005
 IDEAL_SLEEP = CONCURRENCY / SLEEP        # tasks/s 8 handlers of 5 ms do at best

@@ -76,7 +76,7 @@ class _Peer:
         return subprocess.Popen(argv, cwd=folder, env={**os.environ, **env,
                                                        "PYTHONPATH": self.module_dir},
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=open(os.path.join(folder, "worker.log"), "w"),  # noqa: SIM115
+                                stderr=open(os.path.join(folder, "worker.log"), "w"),
                                 preexec_fn=die_with_parent)
 
     def run(self, tasks: int, sleep: float) -> float:

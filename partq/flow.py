@@ -119,10 +119,12 @@ class FlowEndpoint(Protocol):
         rest of its partition flows on. A message not in flight to this flow is ignored.
         Durable when it returns. Raises ``FlowFenced``, ``InvalidAck``."""
 
-    def unbind(self) -> None:
+    def unbind(self, *, leave: bool = False) -> None:
         """Leave the queue: ``closed()`` turns True, ``partitions()`` empty, ``unacked()`` 0,
         and the unacked messages go to whoever takes the partitions, marked redelivered. Calling
-        it again does nothing; it raises nothing for a flow that is already unbound."""
+        it again does nothing; it raises nothing for a flow that is already unbound.
+        ``leave``: for good (rule `leave`): the partitions go to the other flows at once (or
+        to the next to bind), no ghost waiting out the rebalance delay for this one."""
 
     def partitions(self) -> frozenset[int]:
         """The partitions the flow holds now (empty on a standby, and once unbound)."""
@@ -341,10 +343,12 @@ class Flow:
                 raise InvalidMessage(f"headers cannot be stored: {exc}") from None
         self._endpoint.reject(received((msg,))[0], headers or None)
 
-    def unbind(self) -> None:
+    def unbind(self, leave: bool = False) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked
-        redelivered. A named flow that binds again within the rebalance delay gets them back."""
-        self._endpoint.unbind()
+        redelivered. A named flow that binds again within the rebalance delay gets them back.
+        ``leave=True``: it will not come back; its partitions go to the other flows at once
+        (or to the next flow to bind), without the rebalance delay (``partq.Worker``'s stop)."""
+        self._endpoint.unbind(leave=leave)
 
     def __enter__(self) -> Flow:
         return self

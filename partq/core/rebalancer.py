@@ -121,8 +121,10 @@ class Rebalancer:
         out += self._settle_or_run(now)
         return out
 
-    def unbind(self, flow_id: str, now: float) -> list[Action]:
-        """A consumer unbinds or disconnects (rule `liveness` makes no distinction)."""
+    def unbind(self, flow_id: str, now: float, leave: bool = False) -> list[Action]:
+        """A consumer unbinds or disconnects (rule `liveness` makes no distinction). ``leave``:
+        it said it will not come back (rule `leave`): no ghost waits for it; its partitions go
+        to the flows still bound at once, or are owned by nobody, for the next to bind."""
         info = self.flows.get(flow_id)
         if info is None or not info.bound:
             return []
@@ -138,6 +140,12 @@ class Rebalancer:
                 replan = True
             elif h.source == flow_id:
                 out += self._complete_handoff(p)
+        if leave and info.partitions:
+            del self.flows[flow_id]
+            for p in sorted(info.partitions):
+                out += self._move(p, flow_id, None)
+            out += self._assign_unowned(now)
+            return out + self._settle_or_run(now)
         if not info.partitions:
             del self.flows[flow_id]
             if replan and self.holddown_deadline is None:

@@ -247,16 +247,16 @@ class Dispatcher(Timers, FlowService):
         log.info("flow %s of %s bound to queue %r", name or state.flow_id, client, queue)
         return state.flow_id
 
-    def unbind_peer(self, queue: str, flow_id: str) -> None:
+    def unbind_peer(self, queue: str, flow_id: str, leave: bool = False) -> None:
         """A flow of another process leaves (it unbound, or its process disconnected or went
-        quiet: rule `liveness` makes no difference)."""
+        quiet: rule `liveness` makes no difference; for good with ``leave``)."""
         with self._lock:
             qd = self._runtimes.get(queue)
             state = qd.flows.get(flow_id) if qd is not None else None
             if qd is None or state is None:
                 return
             state.close("unbound")
-            fut = self._submit(qd.unbind(state, self.clock.now()), qd)
+            fut = self._submit(qd.unbind(state, self.clock.now(), leave), qd)
         log.info("flow %s of %s left queue %r", state.name or flow_id, state.client, queue)
         self._commit_and_notify(fut)
 

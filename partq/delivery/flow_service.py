@@ -188,12 +188,12 @@ class FlowService:
                                          headers), qd)
         self._commit_and_notify(fut)
 
-    def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
+    def unbind(self, qd: QueueDelivery, state: FlowState, leave: bool = False) -> None:
         with self._lock:
             if state.closed:
                 return
             state.close("unbound by the application")
-            fut = self._submit(qd.unbind(state, self.clock.now()), qd)
+            fut = self._submit(qd.unbind(state, self.clock.now(), leave), qd)
         log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
         self._commit_and_notify(fut)
 

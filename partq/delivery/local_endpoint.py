@@ -34,7 +34,7 @@ class FlowDelivery(Protocol):
     def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
                headers: dict | None = None) -> None: ...
 
-    def unbind(self, qd: QueueDelivery, state: FlowState) -> None: ...
+    def unbind(self, qd: QueueDelivery, state: FlowState, leave: bool = False) -> None: ...
 
     def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]: ...
 
@@ -69,8 +69,8 @@ class LocalEndpoint:
     def reject(self, msg: Message, headers: dict | None = None) -> None:
         self._delivery.reject(self._qd, self._state, msg, headers)
 
-    def unbind(self) -> None:
-        self._delivery.unbind(self._qd, self._state)
+    def unbind(self, leave: bool = False) -> None:
+        self._delivery.unbind(self._qd, self._state, leave)
 
     def partitions(self) -> frozenset[int]:
         return self._delivery.partitions(self._qd, self._state)

@@ -151,9 +151,10 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
         ops, self.pending_ops = self.pending_ops, []
         return ops + self._run(self.core.bind(flow.flow_id, now, flow.name, hint), now)
 
-    def unbind(self, flow, now: float) -> list:
-        """The flow left: its unacked messages come back to whoever takes its partitions, each
-        counting a lost delivery (rule `delivery-count`)."""
+    def unbind(self, flow, now: float, leave: bool = False) -> list:
+        """The flow left (for good with ``leave``: rule `leave`): its unacked messages come back
+        to whoever takes its partitions, each counting a lost delivery (rule
+        `delivery-count`)."""
         self.flows.pop(flow.flow_id, None)
         ops = []
         for slot, ps in enumerate(self.parts):
@@ -170,7 +171,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                     ps.keyed.take_back(sorted(lost))
             if ps.keyed is not None and ps.keyed.early == flow.flow_id:
                 ps.keyed.early = None
-        return ops + self._run(self.core.unbind(flow.flow_id, now), now)
+        return ops + self._run(self.core.unbind(flow.flow_id, now, leave), now)
 
     def unbind_hung(self, now: float) -> list:
         """Unbind this process's flows whose handler hangs (rule `max-poll-interval`): holding

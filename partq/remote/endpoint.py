@@ -301,15 +301,18 @@ class RemoteEndpoint:
             self._unacked = {(p, s) for p, s in self._unacked
                              if not (p == partition and s in back)}
 
-    def unbind(self, reason: str = "unbound by the application") -> None:
+    def unbind(self, reason: str = "unbound by the application", leave: bool = False) -> None:
         with self._cond:
             if self._reason is not None:
                 return
             self._reason = reason
             self._inbox.clear()
         self.client.detach(self.flow_id)
+        frame: dict = {"op": "unbind", "flow": self.flow_id}
+        if leave:
+            frame["leave"] = True
         try:
-            self.client.call({"op": "unbind", "flow": self.flow_id})
+            self.client.call(frame)
         except ServerUnavailable:
             pass           # the connection is gone: the server unbound it already
 

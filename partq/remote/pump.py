@@ -87,11 +87,11 @@ class Pump:
         if session is not None:
             session.close_connection()
 
-    def stop(self, unbind: bool) -> None:
+    def stop(self, unbind: bool, leave: bool = False) -> None:
         self.stopped = True
         if unbind:
             try:
-                self.flow.unbind()
+                self.flow.unbind(leave=leave)
             except PartqError:
                 pass
 

@@ -80,7 +80,7 @@ REQUESTS: dict[str, dict[str, Field]] = {
     "reject": {"flow": FLOW, "id": ID,
                "headers": _optional(Field(lambda v: type(v) is dict and all(
                    type(k) is str for k in v), "headers (a map of strings to values)"))},
-    "unbind": {"flow": FLOW},
+    "unbind": {"flow": FLOW, "leave": FLAG},
     "status": {"queue": QUEUE},
     "config": {"queue": QUEUE},
     "ensure_dead_queue": {"queue": QUEUE},

@@ -12,7 +12,7 @@ One session per connection. Requests carry an id and are answered in order of co
     nack {flow, id: [partition, seq], delay} -> ok {upto} (answered by the flow's pump)
     reject {flow, id: [partition, seq], headers} -> ok {upto}  (likewise; headers: added to
                                              the dead copy's)
-    unbind {flow}                           -> ok
+    unbind {flow, leave}                    -> ok        (leave: for good, rule `leave`)
     status {queue}                          -> status {status}
     config {queue}                          -> config {config}   (``QueueConfig.to_dict``)
     ensure_dead_queue {queue}               -> ok {dead_message_queue, done}
@@ -250,7 +250,7 @@ class Session:
                 if leaving is not None:
                     self._forget(leaving)
                     self.server.pumps.remove(leaving)
-                    leaving.stop(unbind=True)
+                    leaving.stop(unbind=True, leave=frame.get("leave") is True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
                 status = self.broker.queue_status(frame["queue"])

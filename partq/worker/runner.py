@@ -27,6 +27,8 @@ from partq.worker.stats import HandlerStats
 log = logging.getLogger("partq.worker")
 
 RECEIVE_WAIT = 0.02     # seconds one receive waits (a nack waits for it: see _nack_lock)
+FAST_HANDLER = 0.0002   # seconds: a handler that returns faster (on average) ...
+FAST_BATCH = 16         # ... has its threads take this many messages at a time
 MAX_BATCH = 1000        # messages one receive or one ack commit takes at most
 
 
@@ -47,11 +49,12 @@ class HandlerRunner:
         self.ahead = receive_ahead(options.concurrency)
         self.failures = FailurePolicy(options, flow, rng)
         self._running: set[Entry] = set()
+        self._recent = 1.0          # seconds a run took, a moving average (racy: a hint)
         self._running_lock = threading.Lock()
         # held around each receive and each nack, so that the copies a nack gives back are
         # exactly those received before it (they are dropped; they come again)
         self._nack_lock = threading.Lock()
-        self._acks: queue_module.SimpleQueue[Entry | None] = queue_module.SimpleQueue()
+        self._acks: queue_module.SimpleQueue[list[Entry] | None] = queue_module.SimpleQueue()
         self._stop_receiving = threading.Event()
         self._threads: list[threading.Thread] = []
         self._receiver: threading.Thread | None = None
@@ -74,7 +77,7 @@ class HandlerRunner:
     def _receive_loop(self) -> None:
         flow, scheduler = self.flow, self.scheduler
         while not self._stop_receiving.is_set():
-            room = scheduler.wait_for_room(self.ahead, 0.1)
+            room = scheduler.wait_for_room(self.ahead, 0.1, self.ahead // 4)
             if room <= 0:
                 continue
             try:
@@ -94,30 +97,48 @@ class HandlerRunner:
 
     # ------------------------------------------------------------------ run
     def _work_loop(self) -> None:
-        scheduler, stats = self.scheduler, self.stats
+        scheduler = self.scheduler
         while True:
-            entry = scheduler.take(0.5)
-            if entry is None:
+            # a handler that returns within microseconds takes a few messages at a time (of
+            # other keys), so that its thread is not woken once per message
+            limit = scheduler.batch = FAST_BATCH if self._recent < FAST_HANDLER else 1
+            entries = scheduler.take(0.5, limit)
+            if not entries:
                 if scheduler.closed():
                     return
                 continue
-            entry.started = self.clock.now()
-            with self._running_lock:
-                self._running.add(entry)
-            stats.started()
-            t0 = time.perf_counter()
-            error: Exception | None = None
-            try:
-                self.call(entry.msg)
-            except Exception as exc:
-                error = exc
-            stats.finished(time.perf_counter() - t0, error is None)
-            with self._running_lock:
-                self._running.discard(entry)
-            if error is None:
-                self._acks.put(entry)
-            else:
-                self._failed(entry, error)
+            finished = []
+            for i, entry in enumerate(entries):
+                if i and scheduler.closed():
+                    break       # taken, not started: they go back to the queue at the stop
+                if self._run(entry):
+                    finished.append(entry)
+            if finished:
+                self._acks.put(finished)
+
+    def _run(self, entry: Entry) -> bool:
+        """Run the handler on ``entry``; True if it returned (to be acked); a failure is
+        settled here (retry or dead)."""
+        stats = self.stats
+        entry.started = self.clock.now()
+        with self._running_lock:
+            self._running.add(entry)
+        stats.started()
+        t0 = time.perf_counter()
+        error: Exception | None = None
+        try:
+            self.call(entry.msg)
+        except Exception as exc:
+            error = exc
+        seconds = time.perf_counter() - t0
+        self._recent += (seconds - self._recent) / 8
+        stats.finished(seconds, error is None)
+        with self._running_lock:
+            self._running.discard(entry)
+        if error is None:
+            return True
+        self._failed(entry, error)
+        return False
 
     def _failed(self, entry: Entry, error: Exception) -> None:
         with self._nack_lock:
@@ -135,17 +156,17 @@ class HandlerRunner:
     def _ack_loop(self) -> None:
         while True:
             first = self._acks.get()
-            batch = [first] if first is not None else []
+            batch = list(first) if first is not None else []
             last = first is None
             while len(batch) < MAX_BATCH:
                 try:
-                    e = self._acks.get_nowait()
+                    more = self._acks.get_nowait()
                 except queue_module.Empty:
                     break
-                if e is None:
+                if more is None:
                     last = True
                 else:
-                    batch.append(e)
+                    batch += more
             if batch:
                 self._ack(batch)
             if last:
@@ -230,7 +251,8 @@ class HandlerRunner:
         return len(self.running())
 
     def unbind(self) -> None:
+        """Leave for good: the partitions go to the queue's other consumers at once."""
         try:
-            self.flow.unbind()
+            self.flow.unbind(leave=True)
         except PartqError as exc:
             log.warning("queue %r: unbind failed: %s", self.options.queue, exc)

@@ -62,6 +62,9 @@ class KeyScheduler:
         self._buffered = 0
         self._epoch = 0
         self._closed = False
+        # messages a handler thread takes at a time (the runner sets it): one thread is woken
+        # per that many messages made ready
+        self.batch = 1
 
     def add(self, msgs: list[Message]) -> None:
         with self._cond:
@@ -77,29 +80,33 @@ class KeyScheduler:
                 if entry.unit not in self._out:
                     self._out.add(entry.unit)
                     self._ready.append(entry)
-            self._cond.notify(len(self._ready) - ready)
+            self._wake_takers(len(self._ready) - ready)
 
     def epoch(self) -> int:
         """The current receive's number: entries received from now on have a higher one."""
         with self._cond:
             return self._epoch + 1
 
-    def take(self, timeout: float) -> Entry | None:
-        """The next message that may run, or None after ``timeout`` seconds or once closed."""
+    def take(self, timeout: float, limit: int = 1) -> list[Entry]:
+        """The next messages that may run, at most ``limit`` (each of another unit), oldest
+        first; [] after ``timeout`` seconds or once closed."""
         with self._cond:
             deadline = None
             while not self._ready:
                 if self._closed:
-                    return None
+                    return []
                 if deadline is None:
                     deadline = time.monotonic() + timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None
+                    return []
                 self._cond.wait(left)
             if self._closed:
-                return None
-            return self._ready.popleft()
+                return []
+            ready = self._ready
+            if limit == 1 or len(ready) == 1:
+                return [ready.popleft()]
+            return [ready.popleft() for _ in range(min(limit, len(ready)))]
 
     def done(self, entries: list[Entry]) -> None:
         """``entries`` (each the head of its unit) were acked, nacked or rejected: hand out
@@ -131,8 +138,12 @@ class KeyScheduler:
     def _woke(self, ready_before: int) -> None:
         """Wake a handler thread per message made ready, and the receiving thread (there is
         room now)."""
-        self._cond.notify(len(self._ready) - ready_before)
+        self._wake_takers(len(self._ready) - ready_before)
         self._room.notify()
+
+    def _wake_takers(self, made_ready: int) -> None:
+        if made_ready > 0:
+            self._cond.notify(-(-made_ready // self.batch))
 
     def _finish(self, entry: Entry) -> None:
         queue = self._units.get(entry.unit)
@@ -152,12 +163,19 @@ class KeyScheduler:
         with self._cond:
             return self._buffered
 
-    def wait_for_room(self, limit: int, timeout: float) -> int:
-        """Wait until fewer than ``limit`` messages are buffered (or ``timeout`` passed, or
-        closed); return how many more may be received."""
+    def wait_for_room(self, limit: int, timeout: float, at_least: int = 1) -> int:
+        """Wait until at most ``limit - at_least`` messages are buffered (or ``timeout``
+        passed, or closed); return how many more may be received (receives of ``at_least`` or
+        more cost less per message than many small ones)."""
         with self._cond:
-            if self._buffered >= limit and not self._closed:
-                self._room.wait(timeout)
+            deadline = None
+            while self._buffered > limit - at_least and not self._closed:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._room.wait(left)
             return max(limit - self._buffered, 0)
 
     def closed(self) -> bool:

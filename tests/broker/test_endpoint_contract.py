@@ -27,7 +27,8 @@ def kind(request, tmp_path):
 
 def make_queue(kind: Endpoints, **config) -> None:
     config.setdefault("partitions", PARTITIONS)
-    kind.broker.create_queue("q", rebalance_delay=0.0, **config)
+    config.setdefault("rebalance_delay", 0.0)
+    kind.broker.create_queue("q", **config)
 
 
 def keys_of(partition: int, n: int) -> list[str]:
@@ -521,3 +522,19 @@ def test_a_receive_waiting_when_a_nacks_delay_ends_gets_the_message(kind, orderi
     got = flow.receive(10, timeout=60)
     assert [(g.payload, g.redelivered) for g in got] == [(b"later", True)]
     flow.ack_many(got)
+
+
+def test_a_flow_that_leaves_for_good_hands_its_partitions_over_at_once(kind):
+    """Rule `leave`: ``unbind(leave=True)`` leaves no ghost: the other flow takes the
+    partitions without waiting out the rebalance delay (60 s here)."""
+    make_queue(kind, rebalance_delay=60.0)
+    first = kind.bind("q")
+    wait_until(lambda: first.partitions == frozenset(range(PARTITIONS)), 30, "first holds all")
+    kind.broker.publish("q", b"m", key=keys_of(0, 1)[0])
+    take(first, 1)                                  # unacked: it comes back, marked
+    second = kind.bind("q")
+    first.unbind(leave=True)
+    wait_until(lambda: second.partitions == frozenset(range(PARTITIONS)), 30,
+               "second holds all at once")
+    (again,) = take(second, 1)
+    assert again.redelivered

@@ -10,7 +10,16 @@ import subprocess
 import sys
 
 from helpers import drain, wait_until
-from worker_procs import Runs, make_queue, publish, start_worker, stderr_of, stop, write_module
+from worker_procs import (
+    STARTED,
+    Runs,
+    make_queue,
+    publish,
+    start_worker,
+    stderr_of,
+    stop,
+    write_module,
+)
 
 import partq
 
@@ -112,6 +121,7 @@ def test_the_same_through_partq_serve(tmp_path):
     serve = subprocess.Popen([sys.executable, "-m", "partq", "--data", str(data), "serve",
                               "--listen", "127.0.0.1:0", "--token-file", str(token), "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    STARTED.append(serve)
     try:
         address = json.loads(serve.stdout.readline())["listen"]
         proc = start_worker(tmp_path, None, log, "--address", address, "--token-file",

@@ -70,7 +70,19 @@ def start_worker(folder: Path, data: Path | None, log: Path, *args: str,
                             stdout=subprocess.PIPE, stderr=err)
     err.close()
     proc.err_path = folder / "worker.err"       # type: ignore[attr-defined]
+    STARTED.append(proc)
     return proc
+
+
+STARTED: list[subprocess.Popen] = []     # killed at each test's end if still running (conftest)
+
+
+def kill_left() -> None:
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def stderr_of(proc: subprocess.Popen) -> str:

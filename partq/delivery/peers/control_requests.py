@@ -78,8 +78,8 @@ def parse(frame) -> tuple[str, int | None, tuple]:
     req = request_id(frame, op)
     if op == "bind":
         return op, req, bind(frame)
-    if op == "unbind":
-        return op, req, (flow_id(frame, op),)
+    if op == "unbind":      # "leave" absent (an older process): false
+        return op, req, (flow_id(frame, op), frame.get("leave") is True)
     return op, req, ()
 
 

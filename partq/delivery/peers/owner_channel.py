@@ -14,7 +14,7 @@ Frames are ``partq.wire``'s (length, crc32c, msgpack). Client -> owner::
 
     {"op": "hello", "v": 1, "pid", "host"}            -> {"op": "welcome", "v": 1, "timeout"}
     {"op": "bind", "req", "name", "hint", "skip_corrupt"} -> {"op": "bound", "req", "flow"}
-    {"op": "unbind", "req", "flow"}                   -> {"op": "ok", "req"}
+    {"op": "unbind", "req", "flow", "leave"}          -> {"op": "ok", "req"}
     {"op": "view", "req"}                             -> {"op": "view", "req", "view"}
     {"op": "outstanding", "flow", "counts": [[partition, n], ...], "paused": [partition, ...],
      "held": [[partition, keys, messages, [reason, ...]], ...]}
@@ -305,10 +305,10 @@ class ControlServer:
             conn.flows.add(flow_id)
             conn.push({"op": "bound", "req": req, "flow": flow_id})
         elif op == "unbind":
-            (flow_id,) = fields
+            flow_id, leave = fields
             if flow_id in conn.flows:             # only its own flows: another's is not its to end
                 conn.flows.discard(flow_id)
-                self.dispatcher.unbind_peer(self.queue, flow_id)
+                self.dispatcher.unbind_peer(self.queue, flow_id, leave)
             conn.push({"op": "ok", "req": req})
         elif op == "view":
             conn.push({"op": "view", "req": req,

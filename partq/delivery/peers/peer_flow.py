@@ -39,7 +39,7 @@ class PeerGroup(Protocol):
 
     def reject(self, flow: PeerFlow, msg: Message, headers: dict | None = None) -> None: ...
 
-    def unbind(self, flow: PeerFlow) -> None: ...
+    def unbind(self, flow: PeerFlow, *, leave: bool = False) -> None: ...
 
     def partitions(self, flow: PeerFlow) -> frozenset[int]: ...
 
@@ -106,11 +106,11 @@ class PeerFlow(PeerCursors):
             return local.reject(msg, headers)
         self._group.reject(self, msg, headers)
 
-    def unbind(self) -> None:
+    def unbind(self, leave: bool = False) -> None:
         local = self._local
         if local is not None:
-            return local.unbind()
-        self._group.unbind(self)
+            return local.unbind(leave=leave)
+        self._group.unbind(self, leave=leave)
 
     def partitions(self) -> frozenset[int]:
         local = self._local
