@@ -41,8 +41,9 @@ def receive_ahead(concurrency: int) -> int:
 class HandlerRunner:
     def __init__(self, options: HandlerOptions, flow: Flow, ordering: str, clock,
                  rng: random.Random, call: Callable[[Message], object],
-                 report: Callable[..., None]) -> None:
+                 report: Callable[..., None], rebind: Callable[[], Flow]) -> None:
         self.options, self.flow, self.clock = options, flow, clock
+        self.rebind = rebind
         self.call, self.report = call, report
         self.stats = HandlerStats()
         self.scheduler = KeyScheduler(ordering)
@@ -75,25 +76,47 @@ class HandlerRunner:
 
     # ------------------------------------------------------------------ receive
     def _receive_loop(self) -> None:
-        flow, scheduler = self.flow, self.scheduler
+        scheduler = self.scheduler
         while not self._stop_receiving.is_set():
             room = scheduler.wait_for_room(self.ahead, 0.1, self.ahead // 4)
             if room <= 0:
+                if self.flow.closed and not self._stop_receiving.is_set():
+                    self._bind_again(self.flow.closed_reason or "unbound")
                 continue
             try:
                 with self._nack_lock:
-                    msgs = flow.receive(min(room, MAX_BATCH), timeout=RECEIVE_WAIT)
+                    msgs = self.flow.receive(min(room, MAX_BATCH), timeout=RECEIVE_WAIT)
                     if msgs:
                         scheduler.add(msgs)
             except FlowClosed as exc:
                 if not self._stop_receiving.is_set():
-                    log.error("queue %r: the worker's flow was unbound (%s); this handler "
-                              "receives nothing more", self.options.queue, exc)
-                    self.report("unbound", reason=str(exc))
-                return
+                    self._bind_again(str(exc))
             except PartqError as exc:
                 log.error("queue %r: receive failed: %s", self.options.queue, exc)
                 self._stop_receiving.wait(1.0)
+
+    def _bind_again(self, why: str) -> None:
+        """The flow was unbound under the worker (its queue changed access type, its process
+        stalled past consumer_timeout, a handler hung past max_poll_interval with the
+        receive-ahead full, partq serve could not bind it again after a reconnect): drop what
+        was received and not started (it comes again), wait for the running handlers (a
+        key's next run must not overlap them), then bind a new flow."""
+        queue = self.options.queue
+        log.warning("queue %r: the worker's flow was unbound (%s); binding again once its "
+                    "running handlers finish", queue, why)
+        self.report("unbound", reason=why)
+        self.scheduler.drop_waiting()
+        while self.scheduler.buffered() and not self._stop_receiving.wait(0.05):
+            pass
+        while not self._stop_receiving.is_set():
+            try:
+                self.flow = self.failures.flow = self.rebind()
+            except PartqError as exc:
+                log.error("queue %r: binding again failed (%s); trying again in 5 s", queue, exc)
+                self._stop_receiving.wait(5.0)
+                continue
+            log.info("queue %r: the worker's flow is bound again", queue)
+            return
 
     # ------------------------------------------------------------------ run
     def _work_loop(self) -> None:

@@ -157,6 +157,26 @@ class KeyScheduler:
             del self._units[entry.unit]
             self._out.discard(entry.unit)
 
+    def drop_waiting(self) -> int:
+        """Forget every message not handed to a handler (waiting for its turn, or ready and not
+        taken); the ones out stay until ``done``. Returns how many were dropped."""
+        with self._cond:
+            ready = {id(e) for e in self._ready}
+            self._ready.clear()
+            dropped = 0
+            for unit in list(self._units):
+                queue = self._units[unit]
+                if id(queue[0]) in ready:       # not taken: the whole unit goes
+                    dropped += len(queue)
+                    del self._units[unit]
+                    self._out.discard(unit)
+                else:                           # its head runs: only the head stays
+                    dropped += len(queue) - 1
+                    self._units[unit] = deque([queue[0]])
+            self._buffered -= dropped
+            self._room.notify_all()
+            return dropped
+
     def buffered(self) -> int:
         """Messages received and not done: ready, running, waiting for their ack or their
         turn."""

@@ -158,7 +158,8 @@ class Worker:
                  "backoff %s, dead message queue %r)", options.name, options.queue, ordering,
                  options.concurrency, options.retries, options.backoff, dead)
         return HandlerRunner(options, flow, ordering, self.clock, self.rng,
-                             self._caller(options), self._reporter(options))
+                             self._caller(options), self._reporter(options),
+                             lambda: conn.bind(options.queue))
 
     def _caller(self, options: HandlerOptions) -> Callable[[Message], object]:
         fn = options.fn

@@ -66,3 +66,15 @@ def test_close_hands_out_nothing_more_and_counts_what_never_started():
     assert s.close() == 2
     assert s.take(0) == []
     assert s.wait_for_room(1, 0) == 0
+
+
+def test_drop_waiting_keeps_only_the_messages_handed_out():
+    s = KeyScheduler("key")
+    s.add([msg(0, 0, "a"), msg(0, 1, "a"), msg(0, 2, "b"), msg(0, 3, "c")])
+    (a0,) = s.take(0)                            # a:0 runs; b:2 and c:3 ready, a:1 waits
+    assert s.drop_waiting() == 3
+    assert s.take(0) == [] and s.buffered() == 1
+    s.done([a0])
+    assert s.buffered() == 0
+    s.add([msg(0, 1, "a")])                      # received again: handed out at once
+    assert seqs(s.take(0)) == [1]

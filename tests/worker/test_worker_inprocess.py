@@ -248,3 +248,36 @@ def test_registration_is_checked(tmp_path):
         w.start()
     with pytest.raises(InvalidConfig, match="not both"):
         partq.Worker(tmp_path, address="127.0.0.1:1")
+
+
+def test_a_flow_unbound_under_the_worker_is_bound_again_once_its_handlers_finish(
+        tmp_path, caplog):
+    """A handler that hangs while the receive-ahead is full makes the queue unbind the flow
+    (max_poll_interval); the worker waits for the hung run, binds again and goes on, in order."""
+    make_queue(tmp_path, partitions=1, ordering="key", max_poll_interval=1.0,
+               rebalance_delay=0.5)
+    publish(tmp_path, [(str(i).encode(), "a") for i in range(300)])
+    release, runs = threading.Event(), []
+    w = partq.Worker(tmp_path)
+
+    @w.handler("jobs", concurrency=1)
+    def handle(msg):
+        runs.append(int(msg.payload))
+        if len(runs) == 1:
+            release.wait(30)
+
+    with caplog.at_level(logging.INFO, "partq.worker"):
+        w.start()
+        try:
+            wait_until(lambda: "binding again" in caplog.text, 30, "the flow unbound")
+            release.set()
+            wait_until(lambda: "bound again" in caplog.text.split("binding again")[-1], 30,
+                       "bound again")
+            wait_until(lambda: set(runs) == set(range(300)), 60, "the rest handled")
+        finally:
+            release.set()
+            w.stop()
+    firsts = list(dict.fromkeys(runs))          # the hung run may come again (at least once)
+    assert firsts == list(range(300))
+    with partq.Broker.open(tmp_path) as b:
+        assert b.queue_status("jobs").depth == 0
