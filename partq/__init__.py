@@ -31,6 +31,7 @@ _LAZY = {
     "QueueStatus": "partq.status", "PARENT": "partq.storage.encoding",
     "connect": "partq.remote.client", "Client": "partq.remote.client",
     **dict.fromkeys(_error_names, "partq.errors"),
+    "Worker": "partq.worker",
 }
 
 # submodules reached as attributes, as the README does: ``partq.aio.connect(...)``
@@ -77,5 +78,6 @@ if TYPE_CHECKING:
     from partq.status import PartitionStatus as PartitionStatus
     from partq.status import QueueStatus as QueueStatus
     from partq.storage.encoding import PARENT as PARENT
+    from partq.worker import Worker as Worker
 
 del TYPE_CHECKING

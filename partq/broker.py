@@ -242,6 +242,14 @@ class Broker(QueueAdmin):
         """The HOST:PORT the metrics endpoint is bound to (None without ``metrics_listen``)."""
         return None if self._metrics is None else self._metrics.address
 
+    def add_metrics(self, collector) -> bool:
+        """Serve a Prometheus ``collector``'s metrics on this broker's metrics endpoint too
+        (a worker's); False when the broker serves none (no ``metrics_listen``)."""
+        if self._metrics is None:
+            return False
+        self._metrics.add(collector)
+        return True
+
     @property
     def path(self) -> str:
         return self._store.path

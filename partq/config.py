@@ -56,7 +56,10 @@ class QueueConfig:
     # processed stops coming back, and where it goes.
     max_redelivery: int = 0               # deliveries after the first; 0: redeliver forever
     dead_message_queue: str = ""          # queue of this directory that receives dead messages
-    redelivery_delay: float = 0.0         # seconds before the first redelivery after a nack
+    # seconds before the first redelivery after a nack without a delay of its own: small, so a
+    # consumer's retry comes soon, and growing, so a handler that always fails does not spin
+    # (0.1, 0.2, 0.4 ... 64 s: 6 runs in the first 3 s instead of thousands)
+    redelivery_delay: float = 0.1
     redelivery_delay_multiplier: float = 2.0
     redelivery_delay_max: float = 64.0
     max_ttl: float = 0.0                  # every message expires this long after its publish

@@ -10,6 +10,7 @@ Thread-safety: a Flow may be used from several threads.
 """
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import threading
@@ -18,9 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from partq.clock import MAX_SECONDS
-from partq.errors import InvalidAck, InvalidConfig
+from partq.errors import FlowClosed, FlowFenced, InvalidAck, InvalidConfig, InvalidMessage
 from partq.message import FlowChangeUpdate, Message
 from partq.pending import Pending, WriteHandle
+from partq.storage.encoding import check_headers
+
+log = logging.getLogger("partq.flow")
 
 U32 = (1 << 32) - 1         # the largest partition number storage holds
 U64 = (1 << 64) - 1         # the largest sequence
@@ -114,16 +118,18 @@ class FlowEndpoint(Protocol):
         partition given back ([] for a message not in flight to this flow, ignored). Raises
         ``FlowFenced``, ``InvalidAck``."""
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         """``msg`` is dead at once: removed from the queue and appended to its dead message
-        queue in one commit (rule `dead-messages`); the rest of its partition flows on. A message
-        not in flight to this flow is ignored. Durable when it returns. Raises ``FlowFenced``,
-        ``InvalidAck``."""
+        queue in one commit (rule `dead-messages`), ``headers`` added to the dead copy's; the
+        rest of its partition flows on. A message not in flight to this flow is ignored.
+        Durable when it returns. Raises ``FlowFenced``, ``InvalidAck``."""
 
-    def unbind(self) -> None:
+    def unbind(self, *, leave: bool = False) -> None:
         """Leave the queue: ``closed()`` turns True, ``partitions()`` empty, ``unacked()`` 0,
         and the unacked messages go to whoever takes the partitions, marked redelivered. Calling
-        it again does nothing; it raises nothing for a flow that is already unbound."""
+        it again does nothing; it raises nothing for a flow that is already unbound.
+        ``leave``: for good (rule `leave`): the partitions go to the other flows at once (or
+        to the next to bind), no ghost waiting out the rebalance delay for this one."""
 
     def partitions(self) -> frozenset[int]:
         """The partitions the flow holds now (empty on a standby, and once unbound)."""
@@ -183,6 +189,9 @@ class Flow:
         # (partition, seq) -> delivery count of what it received and did not settle yet: a
         # transaction finds the flow that received a message here (``BoundFlows``)
         self._receipts: dict[tuple[int, int], int] = {}
+        # (partition, seq) given back by nacks since the last receive of ``messages``: copies
+        # of them it received before are skipped (they come again, in order)
+        self._given_back: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ transactions
     def endpoint(self) -> FlowEndpoint:
@@ -261,23 +270,46 @@ class Flow:
 
     def messages(self, batch: int = 100, stop: threading.Event | None = None,
                  poll: float = 0.2) -> Iterator[Message]:
-        """Iterate over messages until the flow is unbound or ``stop`` is set. The caller acks."""
+        """Iterate over messages until the flow is unbound or ``stop`` is set. The caller acks.
+        A message given back by a nack of an earlier one (its partition's, or its key's) in
+        the same batch is skipped: it comes again, in order."""
         while not self.closed and not (stop is not None and stop.is_set()):
-            yield from self.receive(batch, timeout=poll)
+            self._given_back.clear()    # what comes now came after every nack so far
+            try:
+                msgs = self.receive(batch, timeout=poll)
+            except FlowClosed:
+                return
+            for msg in msgs:
+                if (msg.partition, msg.seq) not in self._given_back:
+                    yield msg
+
+    def __iter__(self) -> Iterator[Message]:
+        """``for msg in flow:`` receives until the flow is unbound (``messages``); ack, nack
+        or reject each message in the loop's body."""
+        return self.messages()
 
     def run(self, handler: Callable[[Message], None], stop: threading.Event | None = None,
             batch: int = 100) -> None:
         """Callback style: call ``handler(msg)`` for each message and ack it once the handler
         returned; a handler that raises gets the message nacked (redelivered, in order, after
-        the queue's redelivery delay) and the exception is raised. With ``max_redelivery`` set,
-        a message whose handler keeps raising ends in the dead message queue."""
+        the queue's redelivery delay) and the loop goes on with the next message. With
+        ``max_redelivery`` set, a message whose handler keeps raising ends in the dead message
+        queue. Returns once the flow is unbound or ``stop`` is set. For retries with backoff,
+        a dead message queue by default and handlers that run concurrently, use
+        ``partq.Worker``."""
         for msg in self.messages(batch, stop):
             try:
                 handler(msg)
             except Exception:
-                self.nack(msg)
-                raise
-            self.ack(msg)
+                log.warning("queue %r: handler raised on partition %d seq %d; the message is "
+                            "nacked", self.queue, msg.partition, msg.seq, exc_info=True)
+                settle: Callable[[Message], object] = self.nack
+            else:
+                settle = self.ack
+            try:
+                settle(msg)
+            except FlowFenced:
+                pass       # the partition moved: its new flow gets the message again
 
     def ack(self, msg: Message) -> None:
         """Acknowledge one message; durable when this returns."""
@@ -324,21 +356,36 @@ class Flow:
                                   or not math.isfinite(delay) or not 0 <= delay <= MAX_SECONDS):
             raise InvalidConfig(f"delay must be a number of seconds from 0 to {MAX_SECONDS:g} "
                                 f"or None, not {delay!r}")
-        self.settled(received((msg,)))
-        return self._endpoint.nack(msg, delay)
+        got = received((msg,))
+        self.settled(got)
+        back = self._endpoint.nack(got[0], delay)
+        self._given_back.update((msg.partition, s) for s in back)
+        return back
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         """The message cannot be processed, ever: it is dead at once, whatever
         ``max_redelivery`` says, and goes to the queue's dead message queue with
-        ``dead_reason="rejected"`` (discarded and counted without one). The rest of its
-        partition flows on. Durable when this returns."""
-        self.settled(received((msg,)))
-        self._endpoint.reject(msg)
+        ``dead_reason="rejected"`` (discarded and counted without one), ``headers`` (say,
+        why it failed) added to its own. The rest of its partition flows on. Durable when this
+        returns."""
+        if headers is not None:
+            if type(headers) is not dict:
+                raise InvalidMessage(f"headers must be a dict or None, not "
+                                     f"{type(headers).__name__}")
+            try:
+                check_headers(headers)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidMessage(f"headers cannot be stored: {exc}") from None
+        got = received((msg,))
+        self.settled(got)
+        self._endpoint.reject(got[0], headers or None)
 
-    def unbind(self) -> None:
+    def unbind(self, leave: bool = False) -> None:
         """Leave the queue. Unacked messages go to whoever takes the partitions, marked
-        redelivered. A named flow that binds again within the rebalance delay gets them back."""
-        self._endpoint.unbind()
+        redelivered. A named flow that binds again within the rebalance delay gets them back.
+        ``leave=True``: it will not come back; its partitions go to the other flows at once
+        (or to the next flow to bind), without the rebalance delay (``partq.Worker``'s stop)."""
+        self._endpoint.unbind(leave=leave)
 
     def __enter__(self) -> Flow:
         return self

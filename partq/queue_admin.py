@@ -95,6 +95,34 @@ class QueueAdmin:
                 raise queue_not_found(name, r.queues())
         return QueueConfig.from_dict(raw)
 
+    def ensure_dead_message_queue(self, name: str) -> tuple[str, list[str]]:
+        """Make sure that what queue ``name`` rejects is kept, not discarded: a queue without a
+        ``dead_message_queue`` gets ``<name>.dead``, and the dead message queue is created (one
+        partition) when it does not exist. One transaction. Returns the dead message queue's
+        name and what was done, in words for a log (empty when nothing was)."""
+        self._check_writable()
+        self.queue_config(name)     # QueueNotFound with the names there are
+
+        def op(w):
+            current = self.publisher.config_in(w, name)
+            dead = current.dead_message_queue or f"{name}.dead"
+            done = []
+            if w.queue(dead) is None:
+                created = QueueConfig(name=dead, partitions=1)
+                created = dataclasses.replace(created, qid=w.allocate_qid())
+                w.put_queue(dead, created.to_dict())
+                _create_logs(w, created)
+                done.append(f"created queue {dead!r}")
+            if not current.dead_message_queue:
+                w.put_queue(name, current.updated(dead_message_queue=dead).to_dict())
+                done.append(f"set it as the dead message queue of {name!r}")
+            return dead, done
+        dead, done = self._store.write(op)
+        if done:
+            self.publisher.forget(name)
+            self.tick()
+        return dead, done
+
     def queues(self) -> list[QueueConfig]:
         with self._store.read() as r:
             return [QueueConfig.from_dict(c) for c in r.queues().values()]

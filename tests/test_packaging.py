@@ -120,6 +120,7 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_readme_and_the_command(dis
     assert where.stdout.strip().startswith(str(tmp_path / "venv")), where.stdout
 
     readme = (REPO / "README.md").read_text()
+    readme = readme[readme.index("## Use it from Python"):]    # (the worker's module is above)
     example = re.search(r"```python\n(.*?)```", readme, re.S)
     assert example
     (work / "example.py").write_text(example.group(1))

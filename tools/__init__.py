@@ -21,6 +21,7 @@ result, for people or with ``--json``.
 * ``dead_cmds``    ``message kill|ack`` (unblock a partition by a message's position) and
   ``dead requeue`` (a dead message queue's messages back to their queues: ``partq.ops.requeue``)
 * ``scale_cmds``   ``scale`` (the seven steps are ``partq.scaling``)
+* ``worker_cmds``  ``worker MODULE:ATTR``: run a ``partq.Worker``'s handlers (``partq.worker``)
 * ``verify_cmds``  ``verify``: crc32c of every stored record (``partq.ops.verify``)
 * ``clidoc``       docs/cli.md's command reference, generated from the commands' help
 """

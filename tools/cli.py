@@ -95,14 +95,14 @@ def _add_data_options(command: click.Command) -> None:
                       message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, data: str) -> None:
-    """Administer a partq store: queues, messages, scaling, checks.
+    """Administer a partq store: queues, messages, scaling, checks; run workers.
 
     --data DIR (or $PARTQ_DATA) names the store; it may also follow the command (partq queue
     list --data DIR). --address HOST:PORT (with --token-file F and --tls-ca F) works through a
     `partq serve --listen` instead, on another host: queue, publish, consume, inspect, stats,
     message, dead requeue, scale (online), copy-out --to-queue and top; the commands that need
     the directory itself say so. Every command takes --json for machine output: one JSON object, or one
-    object per line for the commands that stream (inspect, consume, scale, standby). Exit
+    object per line for the commands that stream (inspect, consume, scale, standby, worker). Exit
     status: 0 success, 1 an error (one line on stderr saying what to do), 2 a usage error (an
     unknown option, a missing argument, or a value an option refuses on its own: --partitions
     0, --max -1, --ttl nan).

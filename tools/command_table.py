@@ -56,6 +56,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("partq.tools.serve_cmds:serve",
               "Run delivery (and, with --listen, publishing) of every queue in --data DIR until "
               "SIGTERM or Ctrl-C."),
+    "worker": ("partq.tools.worker_cmds:worker",
+               "Run the handlers of the partq.Worker MODULE:ATTR (say, tasks:worker) until "
+               "SIGTERM or Ctrl-C."),
     "console": ("partq.tools.console_cmds:console",
                 "Serve a web console of --data DIR on --listen until SIGTERM or Ctrl-C: every "
                 "queue with its depth, bytes, rates (a chart of the last minutes) and dead "

@@ -121,8 +121,10 @@ class Rebalancer:
         out += self._settle_or_run(now)
         return out
 
-    def unbind(self, flow_id: str, now: float) -> list[Action]:
-        """A consumer unbinds or disconnects (rule `liveness` makes no distinction)."""
+    def unbind(self, flow_id: str, now: float, leave: bool = False) -> list[Action]:
+        """A consumer unbinds or disconnects (rule `liveness` makes no distinction). ``leave``:
+        it said it will not come back (rule `leave`): no ghost waits for it; its partitions go
+        to the flows still bound at once, or are owned by nobody, for the next to bind."""
         info = self.flows.get(flow_id)
         if info is None or not info.bound:
             return []
@@ -138,6 +140,12 @@ class Rebalancer:
                 replan = True
             elif h.source == flow_id:
                 out += self._complete_handoff(p)
+        if leave and info.partitions:
+            del self.flows[flow_id]
+            for p in sorted(info.partitions):
+                out += self._move(p, flow_id, None)
+            out += self._assign_unowned(now)
+            return out + self._settle_or_run(now)
         if not info.partitions:
             del self.flows[flow_id]
             if replan and self.holddown_deadline is None:
@@ -152,19 +160,6 @@ class Rebalancer:
         info.bound = False  # a ghost until it returns or the delay ends
         self._trigger(now)
         return out + self._settle_or_run(now)
-
-    def leave(self, flow_id: str, now: float) -> list[Action]:
-        """A consumer leaves for good (its process closed its broker): as ``unbind``, but it
-        is no ghost to wait for: its partitions go to the other flows at once (Unassigned
-        without any), as a consumer group's member that leaves does."""
-        out = self.unbind(flow_id, now)
-        ghost = self.flows.get(flow_id)
-        if ghost is None or ghost.bound:
-            return out
-        for p in sorted(ghost.partitions):
-            out += self._move(p, flow_id, None)
-        del self.flows[flow_id]
-        return out + self._assign_unowned(now) + self._settle_or_run(now)
 
     def acked(self, p: int, outstanding: int, now: float) -> list[Action]:
         """The broker reports how many messages of ``p`` its owner still holds unacked."""

@@ -51,18 +51,22 @@ class DeadMessage(NamedTuple):
     payload: bytes | None   # None: read key, headers and payload from the log (a reject)
     reason: str         # one of REASONS
     deliveries: int     # times it was delivered
+    extra: dict | None = None   # headers the rejecting consumer adds (why it failed)
 
 
-def rejected(partition: int, seq: int, deliveries: int) -> DeadMessage:
+def rejected(partition: int, seq: int, deliveries: int,
+             headers: dict | None = None) -> DeadMessage:
     """A message a consumer rejected; what it holds is read from the log when it dies, not
-    taken from the consumer."""
-    return DeadMessage(partition, seq, None, None, None, "rejected", deliveries)
+    taken from the consumer. ``headers``: the consumer's own, added to the dead copy's (the
+    worker's ``exception_type`` and ``exception_message``)."""
+    return DeadMessage(partition, seq, None, None, None, "rejected", deliveries, headers)
 
 
 def dead_headers(queue: str, d: DeadMessage) -> dict:
     """The headers of the copy in the dead message queue: the message's own, plus why and
-    where from."""
+    where from (and what the rejecting consumer added)."""
     headers = dict(d.headers or {})
+    headers.update(d.extra or {})
     headers.update(dead_reason=d.reason, origin_queue=queue, origin_partition=d.partition,
                    origin_seq=d.seq, delivery_count=d.deliveries)
     return headers

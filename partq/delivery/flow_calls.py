@@ -368,14 +368,15 @@ class FlowCalls:
             ops += self._run(self.core.acked(slot, self._outstanding(slot), now), now)
         return ops, back
 
-    def reject(self, flow, msg: Message, now: float, now_ns: int) -> list:
+    def reject(self, flow, msg: Message, now: float, now_ns: int,
+               headers: dict | None = None) -> list:
         """``msg`` is dead at once (rule `redelivery-limit`): removed from the queue and moved to its
         dead message queue in one write; the rest of its partition flows on. Returns the
         writes."""
         ps, slot = self.held_part(flow, msg, "rejected")
         if ps is None or ps.inflight.get(msg.seq) != flow.flow_id:
             return []
-        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1)]
+        dead = [rejected(ps.sp, msg.seq, ps.ack.failed(msg.seq) + 1, headers)]
         return [dead_op(self.name, self.qid, dead, now_ns)] + \
             self.rejected_in_memory(flow, slot, dead, now)
 

@@ -180,18 +180,20 @@ class FlowService:
         self._commit_and_notify(fut)
         return back
 
-    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None:
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
+               headers: dict | None = None) -> None:
         state.poll.touch(self.clock.now())
         with self._lock:
-            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns()), qd)
+            fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns(),
+                                         headers), qd)
         self._commit_and_notify(fut)
 
-    def unbind(self, qd: QueueDelivery, state: FlowState) -> None:
+    def unbind(self, qd: QueueDelivery, state: FlowState, leave: bool = False) -> None:
         with self._lock:
             if state.closed:
                 return
             state.close("unbound by the application")
-            fut = self._submit(qd.unbind(state, self.clock.now()), qd)
+            fut = self._submit(qd.unbind(state, self.clock.now(), leave), qd)
         log.info("flow %s unbound from queue %r", state.name or state.flow_id, qd.name)
         self._commit_and_notify(fut)
 

@@ -31,9 +31,10 @@ class FlowDelivery(Protocol):
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
              delay: float | None) -> list[int]: ...
 
-    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message) -> None: ...
+    def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
+               headers: dict | None = None) -> None: ...
 
-    def unbind(self, qd: QueueDelivery, state: FlowState) -> None: ...
+    def unbind(self, qd: QueueDelivery, state: FlowState, leave: bool = False) -> None: ...
 
     def partitions(self, qd: QueueDelivery, state: FlowState) -> frozenset[int]: ...
 
@@ -70,11 +71,11 @@ class LocalEndpoint:
     def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         return self._delivery.nack(self._qd, self._state, msg, delay)
 
-    def reject(self, msg: Message) -> None:
-        self._delivery.reject(self._qd, self._state, msg)
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
+        self._delivery.reject(self._qd, self._state, msg, headers)
 
-    def unbind(self) -> None:
-        self._delivery.unbind(self._qd, self._state)
+    def unbind(self, leave: bool = False) -> None:
+        self._delivery.unbind(self._qd, self._state, leave)
 
     def partitions(self) -> frozenset[int]:
         return self._delivery.partitions(self._qd, self._state)

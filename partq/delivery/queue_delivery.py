@@ -153,7 +153,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
 
     def unbind(self, flow, now: float, leave: bool = False) -> list:
         """The flow left: its unacked messages come back to whoever takes its partitions, each
-        counting a lost delivery (rule `delivery-count`). ``leave``: for good (``Rebalancer.leave``:
+        counting a lost delivery (rule `delivery-count`). ``leave``: for good (rule `leave`:
         no ghost waits out the rebalance delay)."""
         self.flows.pop(flow.flow_id, None)
         ops = []
@@ -171,8 +171,7 @@ class QueueDelivery(RemoteHandoffs, FlowCalls):
                     ps.keyed.take_back(sorted(lost))
             if ps.keyed is not None and ps.keyed.early == flow.flow_id:
                 ps.keyed.early = None
-        core = self.core
-        return ops + self._run((core.leave if leave else core.unbind)(flow.flow_id, now), now)
+        return ops + self._run(self.core.unbind(flow.flow_id, now, leave), now)
 
     def unbind_hung(self, now: float) -> list:
         """Unbind this process's flows whose handler hangs (rule `max-poll-interval`): holding

@@ -94,20 +94,24 @@ def _handler(registry: CollectorRegistry, timeout: float):
 class MetricsServer:
     """Serves ``broker``'s metrics on ``address`` ("HOST:PORT"; port 0 picks a free one, read
     ``address`` back) until ``close()``. ``connections()``: open connections per listener the
-    broker does not know of (``partq serve``'s)."""
+    broker does not know of (``partq serve``'s). ``broker=None``: only what is added with
+    ``add`` (a worker's metrics, where it works through ``partq serve``)."""
 
     def __init__(self, broker, address: str, *, connections=None, max_connections: int = 16,
                  timeout: float = 10.0) -> None:
         host, port = parse_address(address)
         host = host.strip("[]")
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(BrokerCollector(broker, connections))
-        self.instruments = Instruments(self.registry, broker.store, broker.dispatcher.tally)
+        self.instruments: Instruments | None = None
+        if broker is not None:
+            self.registry.register(BrokerCollector(broker, connections))
+            self.instruments = Instruments(self.registry, broker.store, broker.dispatcher.tally)
         try:
             self._server = _Server((host, port), _handler(self.registry, timeout), max_connections,
                                    timeout)
         except OSError as exc:
-            self.instruments.close()
+            if self.instruments is not None:
+                self.instruments.close()
             raise InvalidConfig(f"cannot serve metrics on {address}: {exc.strerror or exc}") \
                 from None
         bound = self._server.server_address[1]
@@ -121,6 +125,13 @@ class MetricsServer:
                         "queue names, depths and consumers; firewall it or bind a private "
                         "address", self.address)
 
+    def add(self, collector) -> None:
+        """Serve ``collector``'s metrics too (until ``remove``)."""
+        self.registry.register(collector)
+
+    def remove(self, collector) -> None:
+        self.registry.unregister(collector)
+
     def connections_waiting(self) -> int:
         """Connections open now (each is served within its deadline or cut off)."""
         return self._server.waiting()
@@ -130,4 +141,5 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
-        self.instruments.close()
+        if self.instruments is not None:
+            self.instruments.close()

@@ -44,8 +44,9 @@ BROWSE_ROWS = 1000
 BROWSE_BYTES = 4 << 20
 
 ADMIN_OPS = frozenset({"create_queue", "update_queue", "delete_queue", "queue_config",
-                       "queue_configs", "scale", "kill_message", "ack_message", "stats", "browse",
-                       "stranded", "position", "after", "requeue", "copy_out"})
+                       "queue_configs", "ensure_dead_queue", "scale", "kill_message",
+                       "ack_message", "stats", "browse", "stranded", "position", "after",
+                       "requeue", "copy_out"})
 
 
 def admin_request(broker, frame: dict, who: str) -> dict:
@@ -69,6 +70,11 @@ def admin_request(broker, frame: dict, who: str) -> dict:
         return {"op": "ok"}
     if op == "queue_config":
         return {"op": "config", "config": broker.queue_config(queue).to_dict()}
+    if op == "ensure_dead_queue":       # partq.Worker through partq serve
+        dead, done = broker.ensure_dead_message_queue(queue)
+        if done:
+            log.info("client %s: %s", who, "; ".join(done))
+        return {"op": "ok", "dead_message_queue": dead, "done": done}
     if op == "queue_configs":
         return {"op": "configs", "configs": [c.to_dict() for c in broker.queues()]}
     if op == "scale":

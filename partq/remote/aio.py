@@ -154,11 +154,11 @@ class AsyncFlow:
     async def nack(self, msg: Message, delay: float | None = None) -> list[int]:
         return await asyncio.to_thread(self.sync.nack, msg, delay)
 
-    async def reject(self, msg: Message) -> None:
-        await asyncio.to_thread(self.sync.reject, msg)
+    async def reject(self, msg: Message, headers: dict | None = None) -> None:
+        await asyncio.to_thread(self.sync.reject, msg, headers)
 
-    async def unbind(self) -> None:
-        await asyncio.to_thread(self.sync.unbind)
+    async def unbind(self, leave: bool = False) -> None:
+        await asyncio.to_thread(self.sync.unbind, leave)
 
     def events(self) -> list[FlowChangeUpdate]:
         return self.sync.events()

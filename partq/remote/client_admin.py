@@ -70,6 +70,11 @@ class ClientAdmin:
         """``Broker.queue_config``; ``QueueNotFound`` names the queues there are."""
         return self._ask({"op": "queue_config", "queue": name}, _config)
 
+    def ensure_dead_message_queue(self, name: str) -> tuple[str, list[str]]:
+        """``Broker.ensure_dead_message_queue`` on the server (``partq.Worker`` through it)."""
+        reply = self._ask({"op": "ensure_dead_queue", "queue": name})
+        return reply["dead_message_queue"], list(reply["done"])
+
     def queues(self) -> list[QueueConfig]:
         """``Broker.queues``: the config of every queue of the server's directory."""
         return self._ask({"op": "queue_configs"},

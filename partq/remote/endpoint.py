@@ -284,10 +284,13 @@ class RemoteEndpoint:
         self._given_back(msg.partition, set(back), reply.get("upto", 0))
         return back
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         self._poll.touch(time.monotonic())
         self._refuse([msg], "rejected")
-        self.client.call({"op": "reject", "flow": self.flow_id, "id": [msg.partition, msg.seq]})
+        frame: dict = {"op": "reject", "flow": self.flow_id, "id": [msg.partition, msg.seq]}
+        if headers:
+            frame["headers"] = headers
+        self.client.call(frame)
         with self._cond:
             self._unacked.discard((msg.partition, msg.seq))
 
@@ -310,15 +313,18 @@ class RemoteEndpoint:
             self._unacked = {(p, s) for p, s in self._unacked
                              if not (p == partition and s in back)}
 
-    def unbind(self, reason: str = "unbound by the application") -> None:
+    def unbind(self, reason: str = "unbound by the application", leave: bool = False) -> None:
         with self._cond:
             if self._reason is not None:
                 return
             self._reason = reason
             self._inbox.clear()
         self.client.detach(self.flow_id)
+        frame: dict = {"op": "unbind", "flow": self.flow_id}
+        if leave:
+            frame["leave"] = True
         try:
-            self.client.call({"op": "unbind", "flow": self.flow_id})
+            self.client.call(frame)
         except ServerUnavailable:
             pass           # the connection is gone: the server unbound it already
 

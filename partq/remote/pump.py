@@ -67,10 +67,11 @@ class Pump:
         queue, new = self.flow.queue, tuple.__new__
         return [new(Message, (queue, p, s, None, b"", None, 0, False, 1)) for p, s in ids]
 
-    def nack(self, req, msg: Message, delay: float | None = None, reject: bool = False) -> None:
-        """Queue a nack (or a reject) of ``msg`` (``messages``) for the pump thread, which
-        applies it between two deliver frames."""
-        self._nacks.put((req, msg, delay, reject))
+    def nack(self, req, msg: Message, delay: float | None = None, reject: bool = False,
+             headers: dict | None = None) -> None:
+        """Queue a nack (or a reject, with the headers it adds) of ``msg`` (``messages``) for
+        the pump thread, which applies it between two deliver frames."""
+        self._nacks.put((req, msg, delay, reject, headers))
         self._wake()
 
     @property
@@ -102,11 +103,11 @@ class Pump:
         if session is not None:
             session.close_connection()
 
-    def stop(self, unbind: bool) -> None:
+    def stop(self, unbind: bool, leave: bool = False) -> None:
         self.stopped = True
         if unbind:
             try:
-                self.flow.unbind()
+                self.flow.unbind(leave=leave)
             except PartqError:
                 pass
 
@@ -184,11 +185,11 @@ class Pump:
         if not self._room(session) or (self._held and not self._push_held(session)):
             return False
         while not self._nacks.empty():
-            req, msg, delay, reject = self._nacks.get()
+            req, msg, delay, reject, headers = self._nacks.get()
             try:
                 back = [msg.seq] if reject else flow.nack(msg, delay)
                 if reject:
-                    flow.reject(msg)
+                    flow.reject(msg, headers)
                 session.send({"op": "ok", "req": req, "upto": self._sent, "back": back})
             except PartqError as exc:
                 session.send(error_frame(exc, req=req))

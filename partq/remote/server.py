@@ -10,8 +10,9 @@ One session per connection. Requests carry an id and are answered in order of co
     ack {flow, ids: [[partition, seq], ...]} -> ok        (after the acks are durable)
     ack_through {flow, partition, seq}      -> ok        (likewise)
     nack {flow, id: [partition, seq], delay} -> ok {upto} (answered by the flow's pump)
-    reject {flow, id: [partition, seq]}     -> ok {upto}  (likewise)
-    unbind {flow}                           -> ok
+    reject {flow, id: [partition, seq], headers} -> ok {upto}  (likewise; headers: added to
+                                             the dead copy's)
+    unbind {flow, leave}                    -> ok        (leave: for good, rule `leave`)
     transaction {txn, acks, nacks, rejects, publishes} -> committed {flows}  (txn_request.py)
     status {queue}                          -> status {status}
     queues {}                               -> queues {queues: [name, ...]}
@@ -247,7 +248,8 @@ class Session:
             elif op in ("nack", "reject"):
                 pump = self._pump(frame)
                 msg = pump.messages([frame["id"]])[0]
-                pump.nack(req, msg, frame.get("delay"), reject=op == "reject")  # the pump
+                pump.nack(req, msg, frame.get("delay"), reject=op == "reject",  # the pump
+                          headers=frame.get("headers"))
             elif op == "transaction":
                 self.send({**run_transaction(self, frame), "req": req})
             elif op == "unbind":                                           # thread applies it
@@ -255,7 +257,7 @@ class Session:
                 if leaving is not None:
                     self._forget(leaving)
                     self.server.pumps.remove(leaving)
-                    leaving.stop(unbind=True)
+                    leaving.stop(unbind=True, leave=frame.get("leave") is True)
                 self.send({"op": "ok", "req": req})
             elif op == "status":
                 status = self.broker.queue_status(frame["queue"])

@@ -160,3 +160,21 @@ def test_console_bench_quick_prints_json_lines(tmp_path):
     overview = lines["console_overview_30_queues"]
     assert overview["target"] == 1000.0 and overview["queues"] == 30
     assert lines["console_open_cpu_30_queues"]["polls"] >= 1
+def test_worker_bench_quick_prints_json_lines_and_says_skipped_without_redis(tmp_path):
+    """bench/worker.py --quick with a PATH that has no redis-server: dramatiq's and Celery's
+    lines say why they have no figure; partq's (and huey's, when installed) are measured."""
+    venv_bin = str(Path(sys.executable).parent)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "worker.py"), "--quick"],
+                          cwd=REPO, env=bench_env(REPO, tmp_path, path=venv_bin),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+    names = {"load_average_at_start", "worker_noop_8", "worker_sleep5ms_8",
+             "worker_sleep5ms_8_vs_ideal"} | {
+        f"worker_{label}_8_vs_{peer}" for label in ("noop", "sleep5ms")
+        for peer in ("dramatiq_redis", "celery_redis", "huey_sqlite")}
+    lines = check_bench_lines(proc.stdout.splitlines(), names, skips=True, peers_in_run=False,
+                              ratio_from="measured")
+    for peer in ("dramatiq_redis", "celery_redis"):
+        assert "redis-server" in lines[f"worker_noop_8_vs_{peer}"]["peer_skipped"]
+    assert lines["worker_sleep5ms_8_vs_ideal"]["target"] == 0.9

@@ -93,7 +93,7 @@ def test_per_key_order_many_keys_two_flows(broker, clock, partitioner):
 # ---------------------------------------------------------------------- max unacked
 def test_max_delivered_unacked_per_flow(broker, partitioner):
     broker.create_queue("q", partitions=3, max_delivered_unacked_per_flow=4,
-                        partitioner=partitioner)
+                        partitioner=partitioner, redelivery_delay=0)   # a nack: back at once
     for i in range(30):
         broker.publish("q", b"%d" % i, key=f"k{i}")
     flow = broker.bind("q")
@@ -160,7 +160,7 @@ def test_unacked_bound_is_never_exceeded(broker, partitioner):
 
 # ---------------------------------------------------------------------- nack
 def test_nack_redelivers_in_order_marked(broker, partitioner):
-    broker.create_queue("q", partitions=2, partitioner=partitioner)
+    broker.create_queue("q", partitions=2, partitioner=partitioner, redelivery_delay=0)
     key = keys_for_partitions(2)[1][0]
     for i in range(6):
         broker.publish("q", b"%d" % i, key=key)
@@ -183,7 +183,7 @@ def test_nack_redelivers_in_order_marked(broker, partitioner):
 
 
 def test_nack_other_partition_unaffected(broker, partitioner):
-    broker.create_queue("q", partitions=2, partitioner=partitioner)
+    broker.create_queue("q", partitions=2, partitioner=partitioner, redelivery_delay=0)
     keys = keys_for_partitions(2)
     for i in range(3):
         broker.publish("q", b"a%d" % i, key=keys[0][0])

@@ -27,7 +27,8 @@ def kind(request, tmp_path):
 
 def make_queue(kind: Endpoints, **config) -> None:
     config.setdefault("partitions", PARTITIONS)
-    kind.broker.create_queue("q", rebalance_delay=0.0, **config)
+    config.setdefault("rebalance_delay", 0.0)
+    kind.broker.create_queue("q", **config)
 
 
 def keys_of(partition: int, n: int) -> list[str]:
@@ -330,6 +331,21 @@ def test_reject_moves_the_message_to_the_dead_message_queue_at_once(kind):
     assert nothing_more(flow) and kind.broker.queue_status("q").depth == 0
 
 
+def test_a_reject_adds_the_consumers_headers_to_the_dead_copy(kind):
+    kind.broker.create_queue("dmq")
+    make_queue(kind, dead_message_queue="dmq")
+    flow = kind.bind("q")
+    kind.broker.publish("q", b"bad", key=keys_of(0, 1)[0], headers={"own": 1})
+    (bad,) = take(flow, 1)
+    with pytest.raises(partq.InvalidMessage, match="headers"):
+        flow.reject(bad, headers=["not", "a", "dict"])
+    flow.reject(bad, headers={"exception_type": "ValueError", "exception_message": "no"})
+    (dead,) = dead_copies(kind, 1)
+    assert dead.headers["own"] == 1 and dead.headers["dead_reason"] == "rejected"
+    assert (dead.headers["exception_type"], dead.headers["exception_message"]) == ("ValueError",
+                                                                                     "no")
+
+
 def test_a_nack_with_a_delay_comes_back_only_after_it(kind):
     make_queue(kind)
     flow = kind.bind("q")
@@ -506,3 +522,19 @@ def test_a_receive_waiting_when_a_nacks_delay_ends_gets_the_message(kind, orderi
     got = flow.receive(10, timeout=60)
     assert [(g.payload, g.redelivered) for g in got] == [(b"later", True)]
     flow.ack_many(got)
+
+
+def test_a_flow_that_leaves_for_good_hands_its_partitions_over_at_once(kind):
+    """Rule `leave`: ``unbind(leave=True)`` leaves no ghost: the other flow takes the
+    partitions without waiting out the rebalance delay (60 s here)."""
+    make_queue(kind, rebalance_delay=60.0)
+    first = kind.bind("q")
+    wait_until(lambda: first.partitions == frozenset(range(PARTITIONS)), 30, "first holds all")
+    kind.broker.publish("q", b"m", key=keys_of(0, 1)[0])
+    take(first, 1)                                  # unacked: it comes back, marked
+    second = kind.bind("q")
+    first.unbind(leave=True)
+    wait_until(lambda: second.partitions == frozenset(range(PARTITIONS)), 30,
+               "second holds all at once")
+    (again,) = take(second, 1)
+    assert again.redelivered

@@ -10,6 +10,8 @@ from tests.helpers import drain
 
 
 def one_partition(broker, **options):
+    # a nack without a delay of its own comes back at once here: these tests follow order
+    options.setdefault("redelivery_delay", 0)
     broker.create_queue("q", partitions=1, rebalance_delay=0, ordering="key", **options)
 
 

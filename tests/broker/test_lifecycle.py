@@ -10,6 +10,9 @@ from tests.helpers import drain
 
 
 def setup(broker, **options):
+    # these tests count deliveries and follow the order of redeliveries: a nack without a
+    # delay of its own comes back at once (the default's small delay has a test of its own)
+    options.setdefault("redelivery_delay", 0)
     broker.create_queue("dmq", partitions=2)
     broker.create_queue("jobs", partitions=1, dead_message_queue="dmq", rebalance_delay=0,
                         **options)
@@ -87,7 +90,7 @@ def test_reject_kills_at_once_whatever_max_redelivery_says(broker):
 
 
 def test_without_a_dead_message_queue_dead_messages_are_discarded_and_counted(broker):
-    broker.create_queue("jobs", max_redelivery=1, rebalance_delay=0)
+    broker.create_queue("jobs", max_redelivery=1, rebalance_delay=0, redelivery_delay=0)
     broker.publish("jobs", b"poison")
     flow = broker.bind("jobs")
     for _ in range(2):
@@ -310,3 +313,25 @@ def test_the_sweep_leaves_what_a_consumer_may_hold_to_delivery(broker, clock):
     assert broker.sweep_expired() == 0                  # in a consumer's hands: not killed
     flow.ack(held)                                      # ... so its ack is the end of it
     assert counts(broker)["expired"] == 0
+
+
+def test_by_default_a_nack_without_a_delay_waits_a_small_growing_delay(broker, clock):
+    """A consumer that nacks every delivery at once does not spin: with the queue's defaults its
+    message comes back after 0.1 s, then 0.2, 0.4 ... (and nothing is dropped: the default
+    max_redelivery redelivers for ever)."""
+    broker.create_queue("jobs", partitions=1, rebalance_delay=0)
+    broker.publish("jobs", b"a")
+    flow = broker.bind("jobs")
+    waits = []
+    for _ in range(5):
+        m = flow.receive(1)[0]
+        flow.nack(m)
+        assert flow.receive(1, timeout=0) == []      # not at once
+        waited = 0.0
+        while not (got := flow.receive(1, timeout=0)) and waited < 100:
+            clock.advance(0.05)
+            waited += 0.05
+        flow.nack(got[0], delay=0)
+        waits.append(round(waited, 2))
+    assert waits[0] == pytest.approx(0.1, abs=0.06)
+    assert waits == sorted(waits) and waits[-1] >= 1.5      # 0.1, 0.4, 1.6 ... it grows

@@ -37,7 +37,7 @@ def test_an_ack_of_the_old_holder_committed_before_the_move_is_not_delivered_aga
     early: list = []                               # what ``own`` got before the move was stored
     try:
         owner.create_queue("q", partitions=2, rebalance_delay=1.0, max_handoff_time=0.0,
-                           consumer_timeout=600)
+                           consumer_timeout=600, redelivery_delay=0)   # a nack: back at once
         x = owner.bind("q", name="x")                  # this broker runs delivery
         b = peer.bind("q", name="b")                   # served by it: reads and acks itself
         x.unbind()                                     # a ghost until the delay ends ...

@@ -26,7 +26,8 @@ def _scenario(data_dir, clock) -> dict:
     try:
         address = broker.metrics_address
         assert address.startswith("127.0.0.1:")
-        broker.create_queue("orders", partitions=4, rebalance_delay=5.0, max_handoff_time=3.0)
+        broker.create_queue("orders", partitions=4, rebalance_delay=5.0, max_handoff_time=3.0,
+                            redelivery_delay=0)         # the nack below: back at once
         results = broker.publish_many("orders", [(b"x" * 200, f"k{i}") for i in range(40)])
         per_partition = {p: sum(1 for r in results if r.partition == p) for p in range(4)}
         seen["per_partition"] = per_partition

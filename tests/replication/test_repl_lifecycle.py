@@ -17,6 +17,7 @@ def test_delivery_counts_dead_messages_and_counts_survive_a_failover(tmp_path):
     try:
         p.create_queue("dmq")
         p.create_queue("q", max_redelivery=2, dead_message_queue="dmq", rebalance_delay=0,
+                       redelivery_delay=0,
                        max_depth=4, reject_msg_to_sender=False)
         p.publish_many("q", [(b"poison", "a"), (b"retry", "b"), (b"bad", "c")])
         flow = p.bind("q", name="svc")

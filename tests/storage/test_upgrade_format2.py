@@ -34,7 +34,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NAME = "store_format2_54c9c16"
 
 # the settings the message lifecycle added, at the values an old queue must have after an upgrade
-LIFECYCLE_DEFAULTS = {"max_redelivery": 0, "dead_message_queue": "", "redelivery_delay": 0.0,
+LIFECYCLE_DEFAULTS = {"max_redelivery": 0, "dead_message_queue": "", "redelivery_delay": 0.1,
                       "redelivery_delay_multiplier": 2.0, "redelivery_delay_max": 64.0,
                       "max_ttl": 0.0, "max_depth": 0, "max_bytes": 0, "max_poll_interval": 300.0}
 
@@ -262,7 +262,8 @@ def test_the_lifecycle_works_on_an_upgraded_queue_and_the_directory_reopens(upgr
 
     # new messages with a TTL: delivered while alive, dead once expired
     b.create_queue("dead")
-    b.update_queue("orders", max_redelivery=1, dead_message_queue="dead")
+    # (nacks come back at once below, not after the default's small delay)
+    b.update_queue("orders", max_redelivery=1, dead_message_queue="dead", redelivery_delay=0)
     short = b.publish("orders", b"short-lived", key="short", headers={"t": 1}, ttl=5.0)
     keep = [b.publish("orders", b"keep %d" % i, key=f"keep-{i}", headers={"i": i}, ttl=3600.0)
             for i in range(6)]

@@ -71,7 +71,8 @@ ELSEWHERE = {"partq demo": "test_tools_queue.py", "partq standby": "test_tools_d
              "partq serve": "tests/consumers/test_serve.py", "partq dr promote": "test_tools_dr.py",
              "partq dr drop-slot": "tests/replication/test_repl_slots.py",
              "partq dr clear-superseded": "tests/replication/test_repl_supersede_proof.py",
-             "partq top": "tests/metrics/test_serve_metrics.py"}
+             "partq top": "tests/metrics/test_serve_metrics.py",
+             "partq worker": "tests/worker/test_worker_processes.py"}
 
 
 def _scenario(run, broker, tmp_path) -> dict[str, list]:

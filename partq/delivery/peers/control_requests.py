@@ -78,7 +78,7 @@ def parse(frame) -> tuple[str, int | None, tuple]:
     req = request_id(frame, op)
     if op == "bind":
         return op, req, bind(frame)
-    if op == "unbind":       # "leave": true: for good, no ghost waits (``Rebalancer.leave``)
+    if op == "unbind":       # "leave": true: for good, no ghost waits (rule `leave`)
         return op, req, (flow_id(frame, op), frame.get("leave") is True)
     return op, req, ()
 

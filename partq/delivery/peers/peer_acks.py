@@ -248,7 +248,7 @@ class PeerAcks:
         self.dispatcher.notify()
         return back
 
-    def reject(self, flow: PeerFlow, msg: Message) -> None:
+    def reject(self, flow: PeerFlow, msg: Message, headers: dict | None = None) -> None:
         """``msg`` is dead at once: acked here and appended to the dead message queue in one
         write, fenced like an ack."""
         flow.poll.touch(self.dispatcher.clock.now())
@@ -259,7 +259,7 @@ class PeerAcks:
         if taken is None:
             return
         cursor, fence = taken
-        dead = [rejected(msg.partition, msg.seq, cursor.ack.failed(msg.seq) + 1)]
+        dead = [rejected(msg.partition, msg.seq, cursor.ack.failed(msg.seq) + 1, headers)]
         write = dead_op(self.queue, self.qid, dead, self.dispatcher.clock.wall_ns(),
                         lambda w, sp: self._holds(w, flow, sp, fence))
         self._submit_reported(flow, write).result()

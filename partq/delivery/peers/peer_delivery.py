@@ -235,7 +235,8 @@ class PeerQueue(PeerAcks):
         self.partitions(flow)                   # noted as its hint
         return flow
 
-    def unbind(self, flow: PeerFlow, reason: str = "unbound by the application") -> None:
+    def unbind(self, flow: PeerFlow, reason: str = "unbound by the application",
+               leave: bool = False) -> None:
         with self.lock:
             if not flow.bound:
                 return
@@ -246,7 +247,7 @@ class PeerQueue(PeerAcks):
             flow.close(reason)
             self.flows.pop(flow.flow_id, None)
         try:
-            self._link.request({"op": "unbind", "flow": flow.flow_id})
+            self._link.request({"op": "unbind", "flow": flow.flow_id, "leave": leave})
         except DeliveryLocked:
             pass        # the owner is gone: its successor sees this flow as a ghost
         self.dispatcher.notify()

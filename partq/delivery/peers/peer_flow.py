@@ -38,9 +38,9 @@ class PeerGroup(Protocol):
 
     def nack(self, flow: PeerFlow, msg: Message, delay: float | None) -> list[int]: ...
 
-    def reject(self, flow: PeerFlow, msg: Message) -> None: ...
+    def reject(self, flow: PeerFlow, msg: Message, headers: dict | None = None) -> None: ...
 
-    def unbind(self, flow: PeerFlow) -> None: ...
+    def unbind(self, flow: PeerFlow, *, leave: bool = False) -> None: ...
 
     def transaction_part(self, flow: PeerFlow, entries: list) -> TxnPart: ...
 
@@ -103,17 +103,17 @@ class PeerFlow(PeerCursors):
             return local.nack(msg, delay)
         return self._group.nack(self, msg, delay)
 
-    def reject(self, msg: Message) -> None:
+    def reject(self, msg: Message, headers: dict | None = None) -> None:
         local = self._local
         if local is not None:
-            return local.reject(msg)
-        self._group.reject(self, msg)
+            return local.reject(msg, headers)
+        self._group.reject(self, msg, headers)
 
-    def unbind(self) -> None:
+    def unbind(self, leave: bool = False) -> None:
         local = self._local
         if local is not None:
-            return local.unbind()
-        self._group.unbind(self)
+            return local.unbind(leave=leave)
+        self._group.unbind(self, leave=leave)
 
     def local_endpoint(self) -> FlowEndpoint | None:
         """The local endpoint it forwards to once this process took delivery over, or None."""
