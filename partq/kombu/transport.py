@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from queue import Empty
+from time import monotonic, sleep
 from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import ChannelError
@@ -35,6 +36,7 @@ log = logging.getLogger("partq.kombu")
 # and hold nothing back); no rebalance delay, since a Celery worker that restarts binds anew; no
 # max_poll_interval, since a worker whose prefetch is full does not receive while its tasks run.
 QUEUE_DEFAULTS = {"ordering": "key", "rebalance_delay": 0.0, "max_poll_interval": 0.0}
+DEFAULT_PORT = 7020     # partq serve's port in the docs' examples
 GET_MANY = 100       # messages one drain delivers at most (fewer when the prefetch count says so)
 
 
@@ -43,7 +45,9 @@ class Channel(virtual.Channel):
 
     QoS = QoS
     supports_fanout = True
-    from_transport_options = ("body_encoding", "deadletter_queue", "partitions", "queue_options")
+    # kombu types the base class's pair as exactly two names
+    from_transport_options = ("body_encoding", "deadletter_queue",  # type: ignore[assignment]
+                              "partitions", "queue_options")
     partitions = 1
     queue_options: dict = {}      # noqa: RUF012 (kombu sets it per channel from transport options)
 
@@ -256,6 +260,18 @@ class Channel(virtual.Channel):
         except PartqError as exc:
             log.debug("unbinding %r: %s", flow, exc)
 
+    def drain_urgent(self) -> bool:
+        """Deliver what the queues consumed without acks have (Celery's remote control and
+        events): a revoke sent before a task is seen before it. Whether any came."""
+        queues = [q for q in self._active_queues if q in self._no_ack]
+        if not queues or not self.qos.can_consume():
+            return False
+        try:
+            self._get_many(queues)
+        except Empty:
+            return False
+        return True
+
     def close(self) -> None:
         closing = not self.closed
         super().close()              # cancels consumers, nacks what is held (the QoS's restore)
@@ -288,19 +304,33 @@ class Transport(virtual.Transport):
             self.backend = self._open_backend()
         return super().establish_connection()
 
+    def drain_events(self, connection, timeout=None, **kwargs) -> None:
+        """kombu's loop over channels, control messages (queues consumed without acks) first."""
+        start = monotonic()
+        while True:
+            if any(channel.drain_urgent() for channel in list(self.channels)):
+                return
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)  # type: ignore[union-attr]
+                return
+            except Empty:
+                if timeout is not None and monotonic() - start >= timeout:
+                    raise TimeoutError() from None
+                sleep(self.polling_interval)
+
     def _open_backend(self):
         client: Any = self.client
         options = client.transport_options
-        if client.hostname:
-            address = f"{client.hostname}:{client.port or 7020}"
-            return open_backend(None, address, options.get("token") or client.password or None,
-                                options.get("ssl"), "sync")
-        path = options.get("path") or ("/" + client.virtual_host.lstrip("/")
-                                       if client.virtual_host else None)
-        if not path:
+        vhost = (client.virtual_host or "").strip("/")
+        path = options.get("path") or ("/" + vhost if vhost else None)
+        if path:                  # partq:///abs/dir (kombu may fill in a default host name)
+            return open_backend(path, None, None, None, options.get("durability", "sync"))
+        if not client.hostname:
             raise ChannelError("partq:// needs a directory (partq:///abs/dir) or HOST:PORT of "
                                "a partq serve")
-        return open_backend(path, None, None, None, options.get("durability", "sync"))
+        address = f"{client.hostname}:{client.port or DEFAULT_PORT}"
+        return open_backend(None, address, options.get("token") or client.password or None,
+                            options.get("ssl"), "sync")
 
     def close_connection(self, connection) -> None:
         try:
