@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("celery", reason="the celery extra (pip install 'partq[celery]') brings Celery")
 pytest.importorskip("pydantic", reason="Celery's integration tasks import pydantic (the test extra)")
 
-import peer_suites  # noqa: E402
+import peer_suites
 
 # test id -> why it cannot pass on partq (docs/celery.md says the same)
 KNOWN = {

@@ -7,16 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 pytest.importorskip("celery", reason="the celery extra (pip install 'partq[celery]') brings Celery")
 
-from helpers import wait_until  # noqa: E402
+from helpers import wait_until
 
-import partq  # noqa: E402
-from partq.remote.server import Server  # noqa: E402
+import partq
+from partq.remote.server import Server
 
 TOKEN = "a-test-token-of-32-bytes-or-so!!"
 APP = '''
