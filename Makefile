@@ -1,5 +1,5 @@
 # make demo: set up .venv with partq and run the demo on an embedded directory.
-# make test: set up .venv with the test, Spark and benchmark extras; ruff, mypy, then the whole suite.
+# make test: set up .venv with the test, Spark, benchmark and dramatiq extras; ruff, mypy, then the whole suite.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ $(BASE): pyproject.toml
 	touch $@
 
 $(FULL): $(BASE)
-	$(BIN)/pip install -q -e '.[test,spark,bench]'
+	$(BIN)/pip install -q -e '.[test,spark,bench,dramatiq]'
 	touch $@
 
 demo: $(BASE)
