@@ -202,9 +202,12 @@ class PartqBroker(Broker):
         with self._lock:
             consumer = self._consumers.get(queue_name)
             if consumer is None or consumer.closed:
+                # named for this process and broker: a consumer made again (a worker's consumer
+                # thread closes it when paused or after an error) gets its partitions back
+                name = f"dramatiq-{os.getpid()}-{id(self):x}-{partq_queue}"
                 consumer = self._consumers[queue_name] = PartqConsumer(
-                    queue_name, lambda: self.connection.bind(partq_queue), prefetch, timeout,
-                    delayed, self._dead_lettered)
+                    queue_name, lambda: self.connection.bind(partq_queue, name=name), prefetch,
+                    timeout, delayed, self._dead_lettered)
             else:
                 consumer.prefetch, consumer.timeout = max(1, prefetch), timeout / 1000
             return consumer

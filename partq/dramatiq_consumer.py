@@ -56,17 +56,22 @@ class KeyGate:
         self._claimed.add(key)
         return True
 
-    def settle(self, msg: PartqMessage, given_back: Iterable[int] = ()) -> PartqMessage | None:
-        """``msg`` (handed out) is done. ``given_back``: seqs of its partition that partq took
-        back with it (a nack gives back the later messages of its key): they are dropped. Returns
-        the next message of its key to hand out, if one is held."""
+    def held(self, msg: PartqMessage) -> list[PartqMessage]:
+        """The messages held behind ``msg``'s key now."""
+        return [] if msg.key is None else list(self._held.get(msg.key, ()))
+
+    def settle(self, msg: PartqMessage, given_back: Iterable[PartqMessage] = ()) -> PartqMessage | None:
+        """``msg`` (handed out) is done. ``given_back``: held messages that partq took back with
+        it (a nack gives back the later messages of its key the flow holds): they are dropped;
+        the same messages delivered again meanwhile are other objects, and stay. Returns the
+        next message of its key to hand out, if one is held."""
         key = msg.key
         if key is None:
             return None
         queue = self._held.get(key)
-        back = set(given_back)
+        back = {id(m) for m in given_back}
         if queue and back:
-            kept = deque(m for m in queue if not (m.partition == msg.partition and m.seq in back))
+            kept = deque(m for m in queue if id(m) not in back)
             self.held_count -= len(queue) - len(kept)
             queue = self._held[key] = kept
         if queue:
@@ -123,9 +128,14 @@ class PartqConsumer(Consumer):
         self._on_dead = on_dead
         self._flow = bind()
         self._lock = threading.Condition()
+        # held while a receive runs and while a nack runs: a nack's given-back messages are then
+        # exactly the ones held when it is made (none are in a receive half done)
+        self._receiving = threading.Lock()
         self._gate = KeyGate()
         self._ready: deque[PartqMessage] = deque()
-        self._out: set[tuple[int, int]] = set()     # (partition, seq) handed out, not settled
+        # (partition, seq) -> the proxy handed out for it and not settled (a message nacked
+        # may be delivered and handed out again before its nack's bookkeeping ends)
+        self._out: dict[tuple[int, int], PartqMessageProxy] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ receiving
@@ -148,7 +158,9 @@ class PartqConsumer(Consumer):
                     if not self._ready:
                         self._lock.wait(left)
                 continue
-            self._take(self._receive(room, min(left, SHORT_POLL) if held else left))
+            busy = held or self._out
+            with self._receiving:
+                self._take(self._receive(room, min(left, SHORT_POLL) if busy else left))
 
     def _receive(self, room: int, wait: float) -> list[PartqMessage]:
         try:
@@ -198,8 +210,8 @@ class PartqConsumer(Consumer):
             if nxt is not None:
                 self._ready.appendleft(nxt)
             return None
-        self._out.add((msg.partition, msg.seq))
-        return PartqMessageProxy(message, msg, self)
+        proxy = self._out[(msg.partition, msg.seq)] = PartqMessageProxy(message, msg, self)
+        return proxy
 
     # ------------------------------------------------------------------ settling
     def ack(self, message: MessageProxy) -> None:
@@ -211,9 +223,9 @@ class PartqConsumer(Consumer):
         assert isinstance(message, PartqMessageProxy)
         retry_delay = message.retry_delay
         if retry_delay is not None:
-            self._settle(msg, lambda: self._flow.nack(msg, delay=retry_delay / 1000))
+            self._settle(message, lambda: self._flow.nack(msg, delay=retry_delay / 1000), True)
         else:
-            self._settle(msg, lambda: self._flow.ack(msg))
+            self._settle(message, lambda: self._flow.ack(msg))
 
     def nack(self, message: MessageProxy) -> None:
         if isinstance(message, PartqMessageProxy) and message.consumer is not self:
@@ -221,15 +233,18 @@ class PartqConsumer(Consumer):
         msg = self._delivered(message)
         if msg is None:
             return
-        self._settle(msg, lambda: self._flow.reject(msg))
+        assert isinstance(message, PartqMessageProxy)
+        self._settle(message, lambda: self._flow.reject(msg))
         self._on_dead(message.queue_name, getattr(message, "_exception", None))
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         for message in messages:
             msg = self._delivered(message)
             if msg is not None:
+                assert isinstance(message, PartqMessageProxy)
                 delay = self._left(message)
-                self._settle(msg, lambda msg=msg, delay=delay: self._flow.nack(msg, delay=delay))
+                self._settle(message, lambda msg=msg, delay=delay: self._flow.nack(msg, delay=delay),
+                             True)
 
     def _left(self, message: MessageProxy) -> float:
         """Seconds until a delayed message's eta (0 for others)."""
@@ -242,17 +257,26 @@ class PartqConsumer(Consumer):
             return None
         msg = message.delivered
         with self._lock:
-            return msg if (msg.partition, msg.seq) in self._out else None
+            return msg if self._out.get((msg.partition, msg.seq)) is message else None
 
     def holds(self, message) -> bool:
         """True while ``message`` is one this consumer handed out and has not settled."""
         return self._delivered(message) is not None
 
-    def _settle(self, msg: PartqMessage, op: Callable) -> None:
-        given_back: Iterable[int] = ()
+    def _settle(self, message: PartqMessageProxy, op: Callable, gives_back: bool = False) -> None:
+        """Run ``op`` (the ack, nack or reject of ``message``) and release its key. A nack
+        (``gives_back``) returns the seqs partq took back with it."""
+        msg = message.delivered
+        given_back: list[PartqMessage] = []
         try:
-            result = op()
-            given_back = result if isinstance(result, list) else ()
+            if gives_back:
+                with self._receiving:
+                    with self._lock:
+                        behind = self._gate.held(msg)
+                    seqs = set(op())
+                given_back = [m for m in behind if m.partition == msg.partition and m.seq in seqs]
+            else:
+                op()
         except ServerUnavailable as exc:
             raise ConnectionClosed(exc) from None
         except (FlowFenced, FlowClosed, QueueNotFound) as exc:
@@ -265,7 +289,8 @@ class PartqConsumer(Consumer):
                           self.queue_name, msg.partition, msg.seq)
         finally:
             with self._lock:
-                self._out.discard((msg.partition, msg.seq))
+                if self._out.get((msg.partition, msg.seq)) is message:
+                    del self._out[(msg.partition, msg.seq)]
                 nxt = self._gate.settle(msg, given_back)
                 if nxt is not None:
                     self._ready.append(nxt)

@@ -45,7 +45,8 @@ def fetch_tests(package: str) -> Path:
 
 
 def run_files(tests: Path, files: list[str], ours: dict[str, Path], timeout: float,
-              env: dict | None = None) -> tuple[dict[str, tuple[str, str]], str]:
+              env: dict | None = None, extra_args: tuple[str, ...] | list[str] = (),
+              ) -> tuple[dict[str, tuple[str, str]], str]:
     """Run pytest on ``files`` of ``tests`` with ``ours`` (name in tests/ -> our file) laid
     beside them; return ``{test id: (outcome, message)}`` (outcome passed, failed, error or
     skipped; the id is ``file::test``) and pytest's output."""
@@ -55,8 +56,8 @@ def run_files(tests: Path, files: list[str], ours: dict[str, Path], timeout: flo
     report = tests / "junit.xml"
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-           "-o", "testpaths=", "--timeout", "60", "--durations", "25", "--rootdir", str(tests.parent),
-           "-c", os.devnull, f"--junitxml={report}", *[f"tests/{f}" for f in files]]
+           "-o", "testpaths=", "--timeout", "60", "--rootdir", str(tests.parent),
+           "-c", os.devnull, f"--junitxml={report}", *extra_args, *[f"tests/{f}" for f in files]]
     full_env = {**os.environ, **(env or {})}
     full_env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run(cmd, cwd=tests.parent, capture_output=True, text=True, timeout=timeout,

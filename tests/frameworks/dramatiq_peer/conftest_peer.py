@@ -54,7 +54,7 @@ def redis_broker(tmp_path):
 
 @pytest.fixture()
 def redis_worker(redis_broker):
-    worker = Worker(redis_broker, worker_threads=32)
+    worker = Worker(redis_broker, worker_timeout=100, worker_threads=32)
     worker.start()
     yield worker
     worker.stop()
