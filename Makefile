@@ -44,7 +44,7 @@ lint-imports: $(FULL)
 # (tagged with its script), then bench/report.py writes bench/results/README.md and ratios.png.
 # A script that fails leaves a "skipped" line; make bench goes on and fails at the end.
 BENCH_SCRIPTS := publish encode_cost quota_cost lifecycle_cost rebalance key_ordering online_scaling idle partitioner replication takeover \
-                 remote tls_soak memory hostile spark_ingest spark_read peers
+                 remote tls_soak memory hostile spark_ingest spark_read peers dramatiq_on_partq
 BENCH_OUT := bench/results/make_bench.jsonl
 
 bench: $(FULL)
