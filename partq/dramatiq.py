@@ -112,9 +112,9 @@ class PartqBroker(Broker):
                 conn.queue_status(name)
             except QueueNotFound:
                 raise QueueNotFound(
-                    f"queue {name!r} does not exist on partq serve at {self.address}; create it "
-                    f"on the server: partq queue create {name} --partitions {self.partitions} "
-                    f"--ordering key (see docs/dramatiq.md)") from None
+                    f"queue {name!r} does not exist on partq serve at {self.address}; create "
+                    f"the dramatiq queue's three partq queues on the server as docs/dramatiq.md "
+                    f"says (partq queue create ...)") from None
             return
         create(name, options.pop("partitions", self.partitions), exist_ok=True, **options)
 
