@@ -31,7 +31,8 @@ from partq.message import Message as PartqMessage
 
 log = logging.getLogger("partq.dramatiq")
 
-SHORT_POLL = 0.01   # seconds a receive waits while held messages may be released by an ack
+SHORT_POLL = 0.005  # seconds between two looks at a queue while the worker has work in hand
+DELAY_POLL = 0.05   # seconds between two looks at a delay queue (NAME.DQ)
 
 
 class KeyGate:
@@ -158,9 +159,20 @@ class PartqConsumer(Consumer):
                     if not self._ready:
                         self._lock.wait(left)
                 continue
-            busy = held or self._out
+            if self.delayed or held or self._out:
+                # a blocking receive wakes at every commit of the directory to look. While the
+                # worker has work in hand (and always for a delay queue, whose messages wait
+                # until their eta anyway) one look every SHORT_POLL (DELAY_POLL) costs less
+                with self._receiving:
+                    got = self._receive(room, 0)
+                    self._take(got)
+                if not got:
+                    with self._lock:
+                        if not self._ready:
+                            self._lock.wait(min(left, DELAY_POLL if self.delayed else SHORT_POLL))
+                continue
             with self._receiving:
-                self._take(self._receive(room, min(left, SHORT_POLL) if busy else left))
+                self._take(self._receive(room, left))
 
     def _receive(self, room: int, wait: float) -> list[PartqMessage]:
         try:
