@@ -83,6 +83,7 @@ class PartqBroker(Broker):
         self._conn: Any = None      # a partq.Broker or a partq.Client
         self._conn_pid = 0
         self._consumers: dict[str, PartqConsumer] = {}
+        self._consumers_pid = os.getpid()
         self._dead: defaultdict[str, list[tuple[type, tuple]]] = defaultdict(list)
 
     # ------------------------------------------------------------------ the partq side
@@ -200,6 +201,8 @@ class PartqBroker(Broker):
         # one consumer (one flow) per queue and process: a worker's consumer thread asks again
         # after a pause, and its threads settle the messages the first one handed out
         with self._lock:
+            if self._consumers_pid != os.getpid():     # a forked child: the parent's are not its own
+                self._consumers, self._consumers_pid = {}, os.getpid()
             consumer = self._consumers.get(queue_name)
             if consumer is None or consumer.closed:
                 # named for this process and broker: a consumer made again (a worker's consumer
@@ -290,7 +293,8 @@ class PartqBroker(Broker):
     def close(self) -> None:
         """Close the consumers and the directory or connection."""
         with self._lock:
-            consumers, self._consumers = list(self._consumers.values()), {}
+            mine = self._consumers_pid == os.getpid()
+            consumers, self._consumers = list(self._consumers.values()) if mine else [], {}
         with self._conn_lock:
             conn, self._conn = self._conn, None
         for consumer in consumers:

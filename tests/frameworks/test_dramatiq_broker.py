@@ -202,3 +202,4 @@ def test_through_partq_serve(tmp_path):
         broker.close()
         server.close()
         directory.close()
+
