@@ -68,6 +68,13 @@ class QoS(virtual.QoS):
                     self._acks = [p for p in self._acks if not p.done()]
                     self._acks.append(pending)
         super().ack(delivery_tag)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Room was freed: the connection's event loop, if it runs one, drains again."""
+        wake = getattr(self.channel.connection, "wake", None)
+        if wake is not None:
+            wake()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         held = self._take(delivery_tag)
@@ -82,6 +89,7 @@ class QoS(virtual.QoS):
                 log.warning("%s of %s/%s seq %s did nothing: %s", "nack" if requeue else "reject",
                             msg.queue, msg.partition, msg.seq, exc)
         self._quick_ack(delivery_tag)
+        self._wake()
 
     def restore_unacked(self) -> list:
         """Nack every message delivered here and not acked: partq redelivers them."""

@@ -9,7 +9,9 @@ every worker's pidbox queue, replies to the caller's queue) works across process
 """
 from __future__ import annotations
 
+import heapq
 import logging
+import os
 from queue import Empty
 from time import monotonic, sleep
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,19 @@ log = logging.getLogger("partq.kombu")
 QUEUE_DEFAULTS = {"ordering": "key", "rebalance_delay": 0.0, "max_poll_interval": 0.0}
 DEFAULT_PORT = 7020     # partq serve's port in the docs' examples
 GET_MANY = 100       # messages one drain delivers at most (fewer when the prefetch count says so)
+
+
+def _merged(tasks: list, control: list) -> list:
+    """``tasks`` in their order (priority, then publish order) with ``control`` in its order,
+    each before the first task published after it."""
+    out: list = []
+    i = 0
+    for task in tasks:
+        while i < len(control) and control[i][0] <= task[0]:
+            out.append(control[i])
+            i += 1
+        out.append(task)
+    return out + control[i:]
 
 
 class Channel(virtual.Channel):
@@ -185,26 +200,34 @@ class Channel(virtual.Channel):
         got = self._receive(queue, 1)
         if not got:
             raise Empty()
-        return got[0]
+        return got[0][1]
 
-    def _get_many(self, queues, timeout=None) -> None:
-        """Deliver what the consumed queues have, up to the prefetch room (kombu's
-        ``drain_events`` calls this instead of ``_get`` one queue at a time)."""
-        room = self.qos.can_consume_max_estimate() or GET_MANY
-        start = self._rotation = (self._rotation + 1) % max(len(queues), 1)
-        delivered = 0
-        for queue in queues[start:] + queues[:start]:
-            for message in self._receive(queue, min(room - delivered, GET_MANY)):
-                self.connection._deliver(message, queue)
-                delivered += 1
-            if delivered >= room:
-                break
-        if not delivered:
-            raise Empty()
+    def collect(self) -> tuple[list, list]:
+        """What the consumed queues have, each as ``(publish time, message, queue)``: a list
+        from the queues consumed with acks (tasks) up to the prefetch room, then a list per
+        queue consumed without acks (Celery's remote control and events) whatever the prefetch, as a broker's
+        broadcasts come to a worker whose prefetch is full. Read in that order, a control
+        message published before a task read here is read too (``Transport`` delivers them
+        merged)."""
+        active = list(self._active_queues)
+        tasks: list[tuple[int, dict, str]] = []
+        acked = [q for q in active if q not in self._no_ack]
+        if acked and self.qos.can_consume():
+            room = self.qos.can_consume_max_estimate() or GET_MANY
+            start = self._rotation = (self._rotation + 1) % len(acked)
+            for queue in acked[start:] + acked[:start]:
+                if len(tasks) >= room:
+                    break
+                tasks += [(t, m, queue) for t, m in self._receive(queue, min(room - len(tasks),
+                                                                             GET_MANY))]
+        control = [[(t, m, queue) for t, m in self._receive(queue, GET_MANY)]
+                   for queue in active if queue in self._no_ack]
+        return tasks, [c for c in control if c]
 
-    def _receive(self, queue: str, limit: int) -> list[dict]:
-        """Up to ``limit`` messages of kombu queue ``queue``, higher priorities first."""
-        out: list[dict] = []
+    def _receive(self, queue: str, limit: int) -> list[tuple[int, dict]]:
+        """Up to ``limit`` messages of kombu queue ``queue``, higher priorities first, each with
+        its publish time."""
+        out: list[tuple[int, dict]] = []
         for name in self._queues_of(queue):
             if len(out) >= limit:
                 break
@@ -214,7 +237,7 @@ class Channel(virtual.Channel):
             except (FlowClosed, QueueNotFound):
                 self._flows.pop(name, None)
                 continue
-            out += [self._delivered(queue, flow, m) for m in msgs]
+            out += [(m.publish_time_ns, self._delivered(queue, flow, m)) for m in msgs]
         return out
 
     def _delivered(self, queue: str, flow, msg) -> dict:
@@ -260,18 +283,6 @@ class Channel(virtual.Channel):
         except PartqError as exc:
             log.debug("unbinding %r: %s", flow, exc)
 
-    def drain_urgent(self) -> bool:
-        """Deliver what the queues consumed without acks have (Celery's remote control and
-        events): a revoke sent before a task is seen before it. Whether any came."""
-        queues = [q for q in self._active_queues if q in self._no_ack]
-        if not queues or not self.qos.can_consume():
-            return False
-        try:
-            self._get_many(queues)
-        except Empty:
-            return False
-        return True
-
     def close(self) -> None:
         closing = not self.closed
         super().close()              # cancels consumers, nacks what is held (the QoS's restore)
@@ -295,9 +306,10 @@ class Transport(virtual.Transport):
                          OSError)
     channel_errors: tuple = (*virtual.Transport.channel_errors, ChannelError, PartqError)
     implements = virtual.Transport.implements.extend(
-        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"]))
+        asynchronous=True, exchange_type=frozenset(["direct", "topic", "fanout"]))
 
     backend = None
+    _waker: tuple[int, int] | None = None     # the event loop's pipe: (read end, write end)
 
     def establish_connection(self):
         if self.backend is None:
@@ -305,18 +317,67 @@ class Transport(virtual.Transport):
         return super().establish_connection()
 
     def drain_events(self, connection, timeout=None, **kwargs) -> None:
-        """kombu's loop over channels, control messages (queues consumed without acks) first."""
+        """Deliver what the channels' queues have (``Channel.drain``), waiting up to ``timeout``
+        for some, looking every ``polling_interval``."""
         start = monotonic()
         while True:
-            if any(channel.drain_urgent() for channel in list(self.channels)):
+            if self.drain():
                 return
+            left = None if timeout is None else timeout - (monotonic() - start)
+            if left is not None and left <= 0:
+                raise TimeoutError()
+            sleep(self.polling_interval if left is None else min(self.polling_interval, left))
+
+    # ------------------------------------------------------------------ an event loop's
+    def register_with_event_loop(self, connection, loop) -> None:
+        """Drain from a kombu event loop (Celery's worker: its consumer then never blocks, so
+        remote control is answered while every pool process is busy): when an ack frees
+        prefetch room (``wake``), after a drain that delivered, and every ``polling_interval``
+        (what other processes publish)."""
+        if self._waker is None:
+            self._waker = os.pipe()
+            for fd in self._waker:
+                os.set_blocking(fd, False)
+        read_end = self._waker[0]
+
+        def on_wake() -> None:
             try:
-                self.cycle.get(self._deliver, timeout=timeout)  # type: ignore[union-attr]
-                return
-            except Empty:
-                if timeout is not None and monotonic() - start >= timeout:
-                    raise TimeoutError() from None
-                sleep(self.polling_interval)
+                while os.read(read_end, 4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+            self._drain_once()
+        loop.add_reader(read_end, on_wake)
+        loop.call_repeatedly(self.polling_interval, self._drain_once)
+
+    def wake(self) -> None:
+        """Have the event loop drain soon (any thread: an ack freed prefetch room)."""
+        waker = self._waker
+        if waker is not None:
+            try:
+                os.write(waker[1], b"x")
+            except (BlockingIOError, OSError):      # full: a wake is pending already
+                pass
+
+    def _drain_once(self) -> None:
+        if self.drain():
+            self.wake()           # there may be more: after the loop's other work
+
+    def drain(self) -> bool:
+        """Deliver what every channel's consumed queues have (``Channel.collect``): each
+        channel's tasks in their order (priority, then publish), every control message before
+        the first task published after it, so a revoke published before a task is seen before
+        it, an inspect published after a task after it. Whether any came."""
+        tasks: list = []
+        control: list = []          # a list per queue, in its order (priority, then publish)
+        for channel in list(self.channels):
+            got = channel.collect()
+            tasks += got[0]
+            control += got[1]
+        merged = list(heapq.merge(*control, key=lambda item: item[0]))
+        for _, message, queue in _merged(tasks, merged):
+            self._deliver(message, queue)
+        return bool(tasks or control)
 
     def _open_backend(self):
         client: Any = self.client
@@ -339,6 +400,9 @@ class Transport(virtual.Transport):
             backend, self.backend = self.backend, None
             if backend is not None:
                 backend.close()
+            waker, self._waker = self._waker, None
+            for fd in waker or ():
+                os.close(fd)
 
     def driver_version(self) -> str:
         import partq

@@ -1,7 +1,7 @@
 """pytest plugin (``-p celery_plugin``) for Celery's own integration tests on partq: it registers
 the partq transport before Celery's conftest makes its app, so ``TEST_BROKER=partq:///dir``
 works, and marks the tests that cannot pass on this machine's partq set-up, each with why (the
-runner, tests/frameworks/test_celery_suite.py, lists them with the same reasons). They are skipped,
+runner, tests/frameworks/celery_suite.py, lists them with the same reasons). They are skipped,
 not run: some of them wait forever for what partq, by design, does not do."""
 from __future__ import annotations
 
