@@ -1,5 +1,5 @@
 # make demo: set up .venv with partq and run the demo on an embedded directory.
-# make test: set up .venv with the test, Spark, benchmark and Celery extras; ruff, mypy, then the whole suite.
+# make test: set up .venv with the test, Spark, benchmark, Celery and dramatiq extras; ruff, mypy, then the whole suite.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ $(BASE): pyproject.toml
 	touch $@
 
 $(FULL): $(BASE)
-	$(BIN)/pip install -q -e '.[test,spark,bench,celery]'
+	$(BIN)/pip install -q -e '.[test,spark,bench,celery,dramatiq]'
 	touch $@
 
 demo: $(BASE)
@@ -47,7 +47,8 @@ lint-imports: $(FULL)
 # (tagged with its script), then bench/report.py writes bench/results/README.md and ratios.png.
 # A script that fails leaves a "skipped" line; make bench goes on and fails at the end.
 BENCH_SCRIPTS := publish encode_cost quota_cost lifecycle_cost rebalance key_ordering online_scaling idle partitioner replication takeover \
-                 remote tls_soak memory hostile spark_ingest spark_read peers startup transactions console worker
+                 remote tls_soak memory hostile spark_ingest spark_read peers startup transactions console worker \
+                 dramatiq_on_partq
 BENCH_OUT := bench/results/make_bench.jsonl
 
 bench: $(FULL)

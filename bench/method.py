@@ -84,6 +84,12 @@ def ratios(values: Sequence[float], peers: Sequence[float]) -> list[float]:
     return [v / p for v, p in zip(values, peers, strict=True) if p]
 
 
+def _rounded(x: float, digits: int) -> float | int:
+    """``x`` to ``digits`` decimals; an int at 0, so that JSON shows what was rounded away
+    (18362 is within 0.5 of the figure; 18362.0 would claim 0.05)."""
+    return round(x, digits) if digits else round(x)
+
+
 def line(name: str, unit: str, values: Sequence[float] | str, peer: str | None = None,
          peer_values: Sequence[float] | str | None = None, *, target: float | None = None,
          digits: int = 1, note: str | None = None, **extra) -> dict:
@@ -94,13 +100,13 @@ def line(name: str, unit: str, values: Sequence[float] | str, peer: str | None =
     if isinstance(values, str):
         doc.update(value=None, skipped=values)
     else:
-        doc["value"] = round(median(values), digits)
+        doc["value"] = _rounded(median(values), digits)
     if peer is not None:
         doc.update(peer=peer, peer_value=None, ratio=None)
         if isinstance(peer_values, str):
             doc["peer_skipped"] = peer_values
         elif peer_values is not None:
-            doc["peer_value"] = round(median(peer_values), digits)
+            doc["peer_value"] = _rounded(median(peer_values), digits)
             if not isinstance(values, str):
                 rs = ratios(values, peer_values)
                 if rs:

@@ -10,7 +10,7 @@ import threading
 import click
 
 from partq.tools.common import App, Seconds, pass_app, read_only_option
-from partq.tools.listening import LOG_FORMATS, configure_logging, tls_context
+from partq.tools.listening import configure_logging, log_options, tls_context
 from partq.tools.output import Output, output_options
 
 DEFAULT_LISTEN = "127.0.0.1:7180"
@@ -32,10 +32,7 @@ DEFAULT_LISTEN = "127.0.0.1:7180"
               help="Connections served at once; a new one cuts off the oldest.")
 @click.option("--timeout", type=Seconds(0.1), default=10.0, show_default=True,
               help="Seconds a connection has for its whole request and answer.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True, help="Least severe log lines written.")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
-              help="Log lines as text or as one JSON object each (on stderr).")
+@log_options
 @read_only_option
 @output_options
 @pass_app

@@ -43,3 +43,13 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as exc:
         raise UserError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
     return context
+
+
+def log_options(command):
+    """``--log-level`` and ``--log-format``, as every long-running command has them."""
+    command = click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text",
+                           show_default=True,
+                           help="Log lines as text or as one JSON object each (on stderr).")(command)
+    return click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+                        default="info", show_default=True,
+                        help="Least severe log lines written.")(command)

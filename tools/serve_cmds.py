@@ -11,7 +11,7 @@ import click
 
 from partq.remote.server import Server
 from partq.tools.common import App, Seconds, pass_app
-from partq.tools.listening import LOG_FORMATS, configure_logging, tls_context
+from partq.tools.listening import configure_logging, log_options, tls_context
 from partq.tools.output import Output, output_options
 from partq.wire.handshake import read_token
 from partq.wire.listener import Limits
@@ -55,10 +55,7 @@ from partq.wire.listener import Limits
               help="PEM certificate for TLS to standbys.")
 @click.option("--replication-tls-key", type=click.Path(dir_okay=False),
               help="PEM private key of --replication-tls-cert.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True, help="Least severe log lines written.")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
-              help="Log lines as text or as one JSON object each (on stderr).")
+@log_options
 @output_options
 @pass_app
 def serve(app: App, listen: str | None, token_file: str | None, tls_cert: str | None,

@@ -11,7 +11,7 @@ import threading
 import click
 
 from partq.tools.common import App, Seconds, pass_app
-from partq.tools.listening import LOG_FORMATS, configure_logging
+from partq.tools.listening import configure_logging, log_options
 from partq.tools.output import Output, output_options
 
 log = logging.getLogger("partq.worker")
@@ -54,10 +54,7 @@ def load_worker(spec: str):
                    "http://HOST:PORT/metrics.")
 @click.option("--stop-timeout", type=Seconds(), default=30.0, show_default=True,
               help="Seconds running handlers get to finish after SIGTERM or Ctrl-C.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True, help="Least severe log lines written.")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
-              help="Log lines as text or as one JSON object each (on stderr).")
+@log_options
 @output_options
 @pass_app
 def worker(app: App, spec: str, concurrency: int | None, address: str | None,

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import bench_env, check_bench_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,3 +181,24 @@ def test_worker_bench_quick_prints_json_lines_and_says_skipped_without_redis(tmp
     for peer in ("dramatiq_redis", "celery_redis"):
         assert "redis-server" in lines[f"worker_noop_8_vs_{peer}"]["peer_skipped"]
     assert lines["worker_sleep5ms_8_vs_ideal"]["target"] == 0.9
+@pytest.mark.parametrize("with_redis", [True, False])
+def test_dramatiq_on_partq_bench_quick_prints_json_lines(tmp_path, with_redis):
+    """Without redis-server on PATH the Redis side is skipped, with its reason, never a number."""
+    pytest.importorskip("dramatiq")
+    if with_redis and shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed here")
+    env = bench_env(REPO, tmp_path, None if with_redis else os.path.dirname(sys.executable))
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "dramatiq_on_partq.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+    lines = check_bench_lines(proc.stdout.splitlines(),
+                              {"load_average_at_start", "dramatiq_partq_msgs_per_s",
+                               "dramatiq_partq_keyed_msgs_per_s"},
+                              skips=True, peers_in_run=False, ratio_from="measured")
+    line = lines["dramatiq_partq_msgs_per_s"]
+    assert line["target"] == 1.0 and "appendfsync always" in line["durability"]
+    if with_redis:
+        assert line["peer_value"] > 0 and line["ratio"] > 0
+    else:
+        assert line["peer_value"] is None and "redis-server" in line["peer_skipped"]

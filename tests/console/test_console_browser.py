@@ -184,6 +184,8 @@ def test_without_allow_actions_the_page_offers_none_and_the_console_refuses_them
                                if m.payload == b"dies again" or flow.ack(m)], 30, "the message")
     flow.reject(msgs[0])
     proc, started = _start("--data", str(live["data"]), "console", "--listen", "127.0.0.1:0")
+    # its --json line holds what docs/cli.md's --json table says
+    assert set(started) == {"console", "address", "actions", "token", "tls"}, started
     try:
         browser.go(started["console"] + "#/messages/dmq?dead=1")
         browser.wait_for("document.querySelector('#messages tbody td.reason')?.textContent === "

@@ -72,7 +72,8 @@ ELSEWHERE = {"partq demo": "test_tools_queue.py", "partq standby": "test_tools_d
              "partq dr drop-slot": "tests/replication/test_repl_slots.py",
              "partq dr clear-superseded": "tests/replication/test_repl_supersede_proof.py",
              "partq top": "tests/metrics/test_serve_metrics.py",
-             "partq worker": "tests/worker/test_worker_processes.py"}
+             "partq worker": "tests/worker/test_worker_processes.py",
+             "partq console": "tests/console/test_console_browser.py"}
 
 
 def _scenario(run, broker, tmp_path) -> dict[str, list]:
