@@ -48,7 +48,7 @@ lint-imports: $(FULL)
 # A script that fails leaves a "skipped" line; make bench goes on and fails at the end.
 BENCH_SCRIPTS := publish encode_cost quota_cost lifecycle_cost rebalance key_ordering online_scaling idle partitioner replication takeover \
                  remote tls_soak memory hostile spark_ingest spark_read peers startup transactions console worker \
-                 dramatiq_on_partq
+                 dramatiq_on_partq celery_on_partq
 BENCH_OUT := bench/results/make_bench.jsonl
 
 bench: $(FULL)

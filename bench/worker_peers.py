@@ -33,6 +33,7 @@ class _Peer:
     name = ""
     durability = ""
     package = ""
+    poll = 0.002           # seconds between looks at the queue while the worker drains it
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -90,6 +91,10 @@ class _Peer:
     def _run(self, folder: str, tasks: int, sleep: float) -> float:
         raise NotImplementedError
 
+    def server_version(self) -> str:
+        """The version of the redis-server this peer started ("" before or without one)."""
+        return "" if self._redis is None else self._redis.version.split(" sha")[0]
+
     def stop(self) -> None:
         if self._redis is not None:
             self._redis.stop()
@@ -102,8 +107,9 @@ def enqueue(send, tasks: int) -> None:
 
 
 def time_drain(proc: subprocess.Popen, remaining, tasks: int, folder: str,
-               timeout: float = 600) -> float:
-    """Tasks per second from the first task done to the last, as ``remaining()`` counts them."""
+               timeout: float = 600, poll: float = 0.002) -> float:
+    """Tasks per second from the first task done to the last, as ``remaining()`` counts them
+    every ``poll`` seconds."""
     deadline = time.monotonic() + timeout
     first = None
     while True:
@@ -117,7 +123,7 @@ def time_drain(proc: subprocess.Popen, remaining, tasks: int, folder: str,
             with open(os.path.join(folder, "worker.log")) as f:
                 tail = f.read()[-400:]
             raise RuntimeError(f"the worker ended or stalled with {left} tasks left: {tail}")
-        time.sleep(0.002)
+        time.sleep(poll)
     assert first is not None
     t0, n0 = first
     return n0 / max(now - t0, 1e-6)
@@ -196,7 +202,7 @@ class Celery(_Peer):
                                    "-l", "warning"], env)
         try:
             return time_drain(proc, lambda: client.llen("celery") + client.hlen("unacked"),
-                              tasks, folder)
+                              tasks, folder, poll=self.poll)
         finally:
             stop_child(proc)
 

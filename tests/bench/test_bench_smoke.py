@@ -202,3 +202,29 @@ def test_dramatiq_on_partq_bench_quick_prints_json_lines(tmp_path, with_redis):
         assert line["peer_value"] > 0 and line["ratio"] > 0
     else:
         assert line["peer_value"] is None and "redis-server" in line["peer_skipped"]
+
+
+@pytest.mark.parametrize("with_redis", [True, False])
+def test_celery_on_partq_bench_quick_prints_json_lines(tmp_path, with_redis):
+    """bench/celery_on_partq.py --quick: partq's figures measured; without redis-server on PATH
+    the Redis side says skipped, with its reason, never a number."""
+    pytest.importorskip("celery")
+    if with_redis and shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed here")
+    env = bench_env(REPO, tmp_path, None if with_redis else os.path.dirname(sys.executable))
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "celery_on_partq.py"), "--quick"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "the bench left scratch directories behind"
+    lines = check_bench_lines(proc.stdout.splitlines(),
+                              {"load_average_at_start", "celery_partq_noop_8",
+                               "celery_partq_sleep5ms_8"},
+                              skips=True, peers_in_run=False, ratio_from="measured")
+    for name in ("celery_partq_noop_8", "celery_partq_sleep5ms_8"):
+        line = lines[name]
+        assert line["target"] == 1.0 and line["value"] > 0
+        assert "appendfsync always" in line["durability"] and "acks_late" in line["durability"]
+        if with_redis:
+            assert line["peer_value"] > 0 and line["ratio"] > 0
+        else:
+            assert line["peer_value"] is None and "redis-server" in line["peer_skipped"]
