@@ -31,8 +31,7 @@ from partq.message import Message as PartqMessage
 
 log = logging.getLogger("partq.dramatiq")
 
-SHORT_POLL = 0.005  # seconds between two looks at a queue while the worker has work in hand
-DELAY_POLL = 0.05   # seconds between two looks at a delay queue (NAME.DQ)
+SHORT_WAIT = 0.01   # seconds a receive waits while the worker has work in hand
 
 
 class KeyGate:
@@ -159,20 +158,12 @@ class PartqConsumer(Consumer):
                     if not self._ready:
                         self._lock.wait(left)
                 continue
-            if self.delayed or held or self._out:
-                # a blocking receive wakes at every commit of the directory to look. While the
-                # worker has work in hand (and always for a delay queue, whose messages wait
-                # until their eta anyway) one look every SHORT_POLL (DELAY_POLL) costs less
-                with self._receiving:
-                    got = self._receive(room, 0)
-                    self._take(got)
-                if not got:
-                    with self._lock:
-                        if not self._ready:
-                            self._lock.wait(min(left, DELAY_POLL if self.delayed else SHORT_POLL))
-                continue
+            # a receive wakes for what concerns its queue (a publish, credit back): while the
+            # worker has work in hand it waits at most SHORT_WAIT, so a nack (which must not
+            # overlap a receive) waits no longer than that
+            busy = held or self._out
             with self._receiving:
-                self._take(self._receive(room, left))
+                self._take(self._receive(room, min(left, SHORT_WAIT) if busy else left))
 
     def _receive(self, room: int, wait: float) -> list[PartqMessage]:
         try:

@@ -25,6 +25,16 @@ class CommitHooks:
     def remove_commit_hook(self, fn: Callable[[int], None]) -> None:
         self._writer.remove_listener(fn)
 
+    def on_commit_changes(self, fn: Callable[[int, frozenset[int]], None]) -> None:
+        """Call ``fn(version, qids)`` after every commit of this process, in the thread that
+        made it: the store version the commit made (``Store.version()`` reads it until the next
+        commit of any process: a reader can tell its own commits from other processes') and
+        the qids of the queues it appended records to. It must be quick and must not write."""
+        self._writer.add_change_listener(fn)
+
+    def remove_commit_changes_hook(self, fn: Callable[[int, frozenset[int]], None]) -> None:
+        self._writer.remove_change_listener(fn)
+
     def on_commit_stats(self, fn: Callable[[float, int, int], None]) -> None:
         """Call ``fn(seconds, operations, appended)`` in the committing thread after every commit of
         this process (its duration, fsync included; operations and records it carried)."""

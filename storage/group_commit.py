@@ -111,6 +111,7 @@ class GroupCommitWriter:
         self._stopping = False
         self._listeners: list[Callable[[int], None]] = []
         self._stats_listeners: list[Callable[[float, int, int], None]] = []
+        self._change_listeners: list[Callable[[int, frozenset[int]], None]] = []
         self.commits = 0          # counters for stats and benchmarks
         self.ops = 0
         self.last_lsn = 0         # LSN of the newest commit that wrote the change log
@@ -131,6 +132,17 @@ class GroupCommitWriter:
     def remove_listener(self, fn: Callable[[int], None]) -> None:
         if fn in self._listeners:
             self._listeners.remove(fn)
+
+    def add_change_listener(self, fn: Callable[[int, frozenset[int]], None]) -> None:
+        """Call ``fn(version, qids)`` in the committing thread after every commit (must be
+        quick, must not write): ``version`` is the store version the commit made (what
+        ``Store.version()`` reads once it is visible, until the next commit of any process),
+        ``qids`` the queues it appended records to."""
+        self._change_listeners.append(fn)
+
+    def remove_change_listener(self, fn: Callable[[int, frozenset[int]], None]) -> None:
+        if fn in self._change_listeners:
+            self._change_listeners.remove(fn)
 
     def add_stats_listener(self, fn: Callable[[float, int, int], None]) -> None:
         """Call ``fn(seconds, operations, appended)`` in the committing thread after every commit:
@@ -242,7 +254,7 @@ class GroupCommitWriter:
                     self._commit([item])
             return
         elapsed = time.perf_counter() - started
-        results, lsn, replicated, appended = outcome
+        results, lsn, replicated, appended, version, appended_to = outcome
         if crashpoints.ENABLED:
             crashpoints.hit("after_commit_before_return")
         self.commits += 1
@@ -260,14 +272,18 @@ class GroupCommitWriter:
             gate.hold(lsn, [p for p, _ in held], [r for _, r in held])
         for fn in self._listeners:
             fn(appended)
+        if self._change_listeners:
+            qids = frozenset(appended_to)
+            for change in self._change_listeners:
+                change(version, qids)
         for stats in self._stats_listeners:
             stats(elapsed, len(batch), appended)
 
-    def _run_batch(self, batch) -> tuple[list, int, list[bool], int]:
+    def _run_batch(self, batch) -> tuple[list, int, list[bool], int, int, set[int]]:
         """Run the batch in one transaction; return the results, the commit's LSN (0 when no
         standby slot exists, so nothing went to the change log), per operation whether it
-        wrote replicated changes (only those wait for a sync-mode standby), and how many
-        records it appended."""
+        wrote replicated changes (only those wait for a sync-mode standby), how many
+        records it appended, the store version it made and the qids it appended to."""
         store = self._store
         meta = store.dbs["meta"]
         changes_db = store.dbs["changes"]
@@ -285,11 +301,12 @@ class GroupCommitWriter:
                     over = bool(lsn) and guard is not None and guard.over(writer)
                     if crashpoints.ENABLED:
                         crashpoints.hit("before_commit")
+                    version = txn.id()
                     txn.commit()
                 store.cover_file()
                 if over and guard is not None:
                     self._bound_change_log(guard)
-                return results, lsn, replicated, writer.appended
+                return results, lsn, replicated, writer.appended, version, writer.appended_to
             except lmdb.MapFullError:
                 pass
             store.grow_map()  # raises StorageFull at the limit; otherwise try again, bigger

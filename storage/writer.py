@@ -52,7 +52,7 @@ class Writer(Reader):
     same commit. Operations must validate before they write: an exception from an operation
     aborts the whole commit, which is then retried one operation at a time."""
 
-    __slots__ = ("changes", "appended", "_replicating", "_store")
+    __slots__ = ("changes", "appended", "appended_to", "_replicating", "_store")
 
     def __init__(self, store, txn, replicating: bool) -> None:
         super().__init__(store, txn)
@@ -60,6 +60,7 @@ class Writer(Reader):
         self._replicating = replicating
         self.changes: list[tuple] = []
         self.appended = 0
+        self.appended_to: set[int] = set()      # qids of the queues it appended to
 
     def _change(self, *change) -> None:
         if self._replicating:
@@ -224,6 +225,7 @@ class Writer(Reader):
         if counted is not None:
             self._add_bytes(qid, size, counted)
         self.appended += n
+        self.appended_to.add(qid)
         self._change("append", qid, partition, first, records)
         return first
 

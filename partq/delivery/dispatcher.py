@@ -7,11 +7,12 @@ Threads and locks
 * ``_lock`` guards every runtime and flow state. Under it, code may read LMDB and *queue*
   writes, but never waits for a commit: that happens after the lock is released, so the
   group-commit thread can never wait on a caller holding the lock.
-* Waiting receivers sleep on ``_changed`` until something that can make a message deliverable
-  happens: a commit of this process that appended messages, a change of delivery state (bind,
-  unbind, ack, nack, a rebalance), a due timer, or a commit of another process. A receiver
-  reads the logs only when the generation or the store's version (LMDB's last transaction id,
-  shared by every process) moved since it last found nothing: an idle flow reads nothing.
+* Waiting receivers sleep in ``wakeups`` (``partq.delivery.wakeups``) until something that can
+  make a message deliverable to them happens: a commit of this process that appended to their
+  queue, a change of its delivery state (bind, unbind, an ack that gave credit back, a nack, a
+  rebalance), a due timer, or a commit of another process. A receiver reads the logs only when
+  one of those happened since it last found nothing: an idle flow reads nothing, and a flow is
+  not woken by the publishes and acks of other queues.
 * With a ``SystemClock`` a ticker thread looks at the store's version every ``POLL_INTERVAL``
   (waking the receivers when another process committed) and runs due timers. With any other
   clock (``ManualClock`` in tests) there is no ticker: timers run when ``tick()`` or a receive
@@ -42,6 +43,7 @@ from partq.delivery.saved_state import DeliveryView, doc_to_view, view_to_doc
 from partq.delivery.tally import Tally
 from partq.delivery.timers import POLL_INTERVAL, Timers
 from partq.delivery.txn_service import TxnService
+from partq.delivery.wakeups import Wakeups
 from partq.errors import (
     DeliveryLocked,
     InvalidConfig,
@@ -66,14 +68,13 @@ class Dispatcher(Timers, FlowService, TxnService):
         self._locks: dict[str, DeliveryLock] = {}
         self._servers: dict[str, ControlServer] = {}      # serving other processes' flows
         self._peer_queues: dict[str, PeerQueue] = {}    # flows of queues others deliver
-        self._changed = threading.Condition()
-        self._generation = 0
+        self.wakeups = Wakeups(store)
         self.polls = 0                     # receive wake-ups that read the logs (diagnostics)
         self.tally = Tally()               # what this process delivered, for the metrics
         self._closed = False
         self._wake: float | None = None    # when a nack's delay ends (``wake_at``)
         self._settled = False              # ``settle`` ran: this process is closing
-        store.on_commit(self._on_commit)
+        store.on_commit_changes(self.wakeups.committed)
         self.after_tick: Callable[[], None] | None = None   # the broker's periodic work
         self._ticker: threading.Thread | None = None
         self._ticker_stop = threading.Event()
@@ -87,7 +88,7 @@ class Dispatcher(Timers, FlowService, TxnService):
         fresh ones let the child reach the store's pid check (UsedAcrossFork) instead of
         hanging."""
         self._lock = threading.RLock()
-        self._changed = threading.Condition()
+        self.wakeups.after_fork()
 
     # ------------------------------------------------------------------ binding
     def bind(self, queue: str, name: str | None, hint: list[int] | None,
@@ -353,45 +354,33 @@ class Dispatcher(Timers, FlowService, TxnService):
             return ops[0]
         return lambda w: [op(w) for op in ops]
 
-    def _commit_and_notify(self, fut) -> None:
+    def _commit_and_notify(self, fut, qid: int | None = None) -> None:
         """Wait for a commit (never under the lock), then wake receivers: delivery state
-        changed."""
+        changed (of queue ``qid``; None: of any queue)."""
         if fut is not None:
             fut.result()
-        self.notify()
+        self.notify(qid)
 
-    def change_token(self) -> tuple[int, int]:
-        """What ``wait_for_change`` compares: this process's change generation and the store's
+    def change_token(self, qid: int | None = None) -> tuple[int, int]:
+        """What ``wait_for_change`` compares (``Wakeups.token``): with ``qid``, the changes of
+        that queue and of every queue; without, every change of this process and the store's
         version (another process's commit)."""
-        with self._changed:
-            generation = self._generation
-        return generation, self.store.version()
+        return self.wakeups.token(qid)
 
-    def wait_for_change(self, token: tuple[int, int], timeout: float) -> None:
+    def wait_for_change(self, token: tuple[int, int], timeout: float,
+                        qid: int | None = None) -> None:
         """Sleep until something may have made a message deliverable since ``token`` was taken
         (``wait_for_messages`` sleeps here between collects; so does a caller that serves many
-        flows from one thread): a commit or a change of delivery state of this process,
-        ``notify()``, another process's commit, a due timer; or until ``timeout`` seconds
-        passed."""
-        deadline = time.monotonic() + timeout
-        while self.change_token() == token and not self._timer_due():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if self._ticker is None:     # nobody else watches the store: look every poll
-                remaining = min(remaining, POLL_INTERVAL)
-            with self._changed:
-                if self._generation == token[0]:
-                    self._changed.wait(remaining)
+        flows from one thread): a commit or a change of delivery state of this process (of
+        queue ``qid`` when given), ``notify()``, another process's commit, a due timer; or
+        until ``timeout`` seconds passed."""
+        poll = POLL_INTERVAL if self._ticker is None else None   # nobody else watches the store
+        self.wakeups.wait(token, timeout, qid, poll, self._timer_due)
 
-    def notify(self) -> None:
-        with self._changed:
-            self._generation += 1
-            self._changed.notify_all()
-
-    def _on_commit(self, appended: int) -> None:
-        if appended:
-            self.notify()
+    def notify(self, qid: int | None = None) -> None:
+        """Wake the receivers of queue ``qid`` (None: of every queue) and the unscoped
+        waiters."""
+        self.wakeups.notify(qid)
 
     # ------------------------------------------------------------------ lifecycle
     def settle(self) -> None:
@@ -428,7 +417,7 @@ class Dispatcher(Timers, FlowService, TxnService):
             self._ticker_stop.set()
             if threading.current_thread() is not self._ticker:
                 self._ticker.join()
-        self.store.remove_commit_hook(self._on_commit)
+        self.store.remove_commit_changes_hook(self.wakeups.committed)
         with self._lock:
             servers, self._servers = list(self._servers.values()), {}
             peer_queues, self._peer_queues = list(self._peer_queues.values()), {}

@@ -44,19 +44,20 @@ class FlowService:
     def _wait_timers(self, futs: list[WriteHandle]) -> None:
         raise NotImplementedError
 
-    def _commit_and_notify(self, fut) -> None:
+    def _commit_and_notify(self, fut, qid: int | None = None) -> None:
         raise NotImplementedError
 
     def _timer_due(self) -> bool:
         raise NotImplementedError
 
-    def change_token(self) -> tuple[int, int]:
+    def change_token(self, qid: int | None = None) -> tuple[int, int]:
         raise NotImplementedError
 
-    def wait_for_change(self, token: tuple[int, int], timeout: float) -> None:
+    def wait_for_change(self, token: tuple[int, int], timeout: float,
+                        qid: int | None = None) -> None:
         raise NotImplementedError
 
-    def notify(self) -> None:
+    def notify(self, qid: int | None = None) -> None:
         raise NotImplementedError
 
     def wake_at(self, when: float) -> None:
@@ -68,8 +69,10 @@ class FlowService:
         poll.touch(self.clock.now())
         poll.receiving += 1
         try:
+            # woken by changes of its queue (with a ticker to watch other processes' commits)
+            scope = qd.qid if self._ticker is not None else None
             msgs = self.wait_for_messages(lambda n: self._collect(qd, state, n), max_messages,
-                                          timeout)
+                                          timeout, scope)
         finally:
             poll.receiving -= 1
             poll.touch(self.clock.now())
@@ -78,19 +81,20 @@ class FlowService:
         return msgs if msgs is not None else []
 
     def wait_for_messages(self, collect: Callable[[int], list[Message] | None], max_messages: int,
-                          timeout: float) -> list[Message] | None:
+                          timeout: float, qid: int | None = None) -> list[Message] | None:
         """Call ``collect(max_messages)`` until it returns messages (or None: the caller's flow
         moved elsewhere) or ``timeout`` seconds passed, sleeping in between until something
-        could make a message deliverable."""
+        could make a message deliverable (to a flow of queue ``qid``, when given:
+        ``Wakeups``)."""
         self.store.check_usable()
         if timeout <= 0:            # one look (a server's pump): no change to wait for
             self.polls += 1
             msgs = collect(max_messages)
             return msgs if msgs is None or msgs else []
         deadline = time.monotonic() + timeout
-        looked_at = None     # (generation, store version) when the logs last had nothing
+        looked_at = None     # the change token when the logs last had nothing
         while True:
-            now_seen = self.change_token()
+            now_seen = self.change_token(qid)
             if now_seen != looked_at or self._timer_due():
                 self.polls += 1
                 msgs = collect(max_messages)
@@ -100,7 +104,7 @@ class FlowService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self.wait_for_change(now_seen, remaining)
+            self.wait_for_change(now_seen, remaining, qid)
 
     def _collect(self, qd: QueueDelivery, state: FlowState, max_messages: int) -> list[Message]:
         with self._lock:
@@ -142,6 +146,7 @@ class FlowService:
         state.poll.touch(self.clock.now())
         claimed = None
         with self._lock:
+            full = qd.full(state)
             with self.store.read() as r:
                 ops = qd.ack(state, msgs, self.clock.now(), r)
             if commit_here and ops and self.store.claim_commit():
@@ -153,9 +158,9 @@ class FlowService:
             fut = self.store.commit_claimed(claimed)
         if crashpoints.ENABLED:
             crashpoints.hit("at_ack")
-        if state.poll.receiving or qd.acks_wake_others():
-            self.notify()     # credit came back to a waiting receive, or a handoff or
-        return fut            # scaling waits for these acks
+        if (full and state.poll.receiving) or qd.acks_wake_others():
+            self.notify(qd.qid)   # credit came back to a waiting receive of a full flow, or
+        return fut                # a handoff or scaling waits for these acks
 
     def ack_through(self, qd: QueueDelivery, state: FlowState, partition: int,
                     seq: int) -> WriteHandle | None:
@@ -164,7 +169,7 @@ class FlowService:
             with self.store.read() as r:
                 fut = self._submit(qd.ack_through(state, partition, seq, self.clock.now(), r),
                                    qd)
-        self.notify()
+        self.notify(qd.qid)
         return fut
 
     def nack(self, qd: QueueDelivery, state: FlowState, msg: Message,
@@ -177,7 +182,7 @@ class FlowService:
         if wake is not None:
             self.wake_at(wake)
         self.tally.nacked(qd.name)
-        self._commit_and_notify(fut)
+        self._commit_and_notify(fut, qd.qid)
         return back
 
     def reject(self, qd: QueueDelivery, state: FlowState, msg: Message,
@@ -186,7 +191,7 @@ class FlowService:
         with self._lock:
             fut = self._submit(qd.reject(state, msg, self.clock.now(), self.clock.wall_ns(),
                                          headers), qd)
-        self._commit_and_notify(fut)
+        self._commit_and_notify(fut, qd.qid)
 
     def unbind(self, qd: QueueDelivery, state: FlowState, leave: bool = False) -> None:
         with self._lock:

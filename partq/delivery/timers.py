@@ -13,6 +13,7 @@ from typing import Any
 
 from partq.delivery import owner
 from partq.delivery.queue_delivery import QueueDelivery
+from partq.delivery.wakeups import Wakeups
 from partq.errors import FlowClosed, PartqError
 from partq.pending import WriteHandle
 
@@ -29,6 +30,7 @@ class Timers:
     _lock: threading.RLock
     _runtimes: dict[str, QueueDelivery]
     _wake: float | None
+    wakeups: Wakeups
     _ticker_stop: threading.Event
     _closed: bool
     after_tick: Callable[[], None] | None
@@ -36,7 +38,7 @@ class Timers:
     def _submit(self, ops: list, qd: QueueDelivery | None = None) -> WriteHandle | None:
         raise NotImplementedError
 
-    def notify(self) -> None:
+    def notify(self, qid: int | None = None) -> None:
         raise NotImplementedError
 
     def step_down(self, queue: str) -> None:
@@ -116,7 +118,9 @@ class Timers:
         """Under the lock, in snapshot ``r`` (``claimed``: ``qd.claimed`` before it began): the
         writes of ``qd``'s due timers, and what its stored config, owner claim, cut-over and
         outside acks ask for when the store changed since they were last read (a receive
-        looks at its own queue in its own snapshot; the ticker at every queue)."""
+        looks at its own queue in its own snapshot; the ticker at every queue). A change they
+        take in (a new config, an online scaling drained, acks written outside delivery) wakes
+        the queue's receives: no commit that appended woke them."""
         now = self.clock.now()
         ops: list = []
         version = r.version()
@@ -125,9 +129,12 @@ class Timers:
             if claimed and qd.claim_error is None and not owner.holds(r, qd.qid, qd.owner_token):
                 qd.fenced = True
                 return ops
+            before = (qd.config_raw, qd.cutover, qd.outside)
             ops += qd.config_ops(r, now)
             ops += qd.cutover_ops(r)      # acks moved: an online scaling done?
             ops += qd.take_outside_acks(r, now)
+            if (qd.config_raw, qd.cutover, qd.outside) != before:
+                self.notify(qd.qid)     # its receives look again under what changed
         if qd.fenced:
             return ops
         deadline = qd.core.next_deadline()
@@ -137,15 +144,22 @@ class Timers:
         return ops
 
     def _tick_loop(self) -> None:
-        """Every ``POLL_INTERVAL``: wake the waiting receivers if any process committed since
-        the last look (so they need not poll themselves), and run due timers."""
+        """Every ``POLL_INTERVAL``: wake the waiting receivers if another process committed
+        since the last look, or a nack's delay ended (so they need not poll themselves); after
+        commits of this process only, wake the unscoped waiters (this process's receives were
+        woken by the commits that concern them: ``Wakeups``); run due timers."""
         seen = self.store.version()
+        wakeups = self.wakeups
         while not self._ticker_stop.wait(POLL_INTERVAL):
             try:
                 version = self.store.version()
-                if version != seen or self._wake_due():     # a commit, or a delay ended
-                    seen = version
+                changed = version != seen
+                foreign = changed and wakeups.foreign(seen, version)
+                seen = version
+                if foreign or self._wake_due():
                     self.notify()
+                elif changed:
+                    wakeups.notify_unscoped()
                 self.tick()
                 if self.after_tick is not None:
                     self.after_tick()

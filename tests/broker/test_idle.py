@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+from helpers import wait_until
+
 import partq
 
 PUBLISH_FROM_ANOTHER_PROCESS = """
@@ -59,3 +61,65 @@ def test_a_waiting_receive_sees_a_publish_of_another_process(tmp_path):
             proc.wait(timeout=60)
         assert [m.payload for m in got] == [b"from-another-process"]
         assert proc.returncode == 0
+
+
+def test_a_waiting_receive_is_not_woken_by_other_queues_nor_by_acks_that_free_no_credit(tmp_path):
+    """A receive waiting on queue "a" reads the logs again only for what may give it a
+    message: publishes to queue "b" and an ack of "a" that frees credit no collect lacked do
+    not wake it (each used to cost it a read of every partition of "a")."""
+    with partq.Broker.open(tmp_path / "d") as broker:
+        broker.create_queue("a", partitions=4)
+        broker.create_queue("b", partitions=4)
+        flow = broker.bind("a")
+        broker.publish("a", b"first", key="k")
+        first = wait_until(lambda: flow.receive(timeout=0.05), 10, "the first message")
+        polls = broker.dispatcher.polls
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.extend(flow.receive(timeout=30)))
+        waiter.start()
+        wait_until(lambda: broker.dispatcher.polls > polls, 10, "the waiting receive's look")
+        for i in range(40):
+            broker.publish("b", b"x%d" % i, key=f"k{i}")
+        flow.ack_many(first)
+        broker.publish("a", b"last", key="k")
+        waiter.join(timeout=30)
+        logs_read = broker.dispatcher.polls - polls
+    assert [m.payload for m in got] == [b"last"]
+    assert logs_read <= 8, f"the waiting receive read the logs {logs_read} times"
+
+
+def test_a_waiting_receive_wakes_for_a_config_change_of_this_process(tmp_path):
+    """No commit that appended wakes it: the ticker takes the new config in and wakes the
+    queue's receives."""
+    with partq.Broker.open(tmp_path / "d") as broker:
+        broker.create_queue("q", partitions=2)
+        broker.update_queue("q", egress_enabled=False)
+        broker.publish("q", b"held", key="k")
+        flow = broker.bind("q")
+        assert flow.receive(timeout=0.1) == []
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.extend(flow.receive(timeout=30)))
+        waiter.start()
+        broker.update_queue("q", egress_enabled=True)
+        waiter.join(timeout=30)
+        assert [m.payload for m in got] == [b"held"]
+
+
+def test_a_receive_waiting_on_a_full_flow_wakes_for_the_ack_that_frees_credit(tmp_path):
+    with partq.Broker.open(tmp_path / "d") as broker:
+        broker.create_queue("q", partitions=1, max_delivered_unacked_per_flow=1)
+        broker.publish("q", b"one", key="k")
+        broker.publish("q", b"two", key="k")
+        flow = broker.bind("q")
+        first = flow.receive(timeout=5)
+        assert [m.payload for m in first] == [b"one"]
+        polls = broker.dispatcher.polls
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.extend(flow.receive(timeout=30)))
+        waiter.start()
+        wait_until(lambda: broker.dispatcher.polls > polls, 10, "the waiting receive's look")
+        started = time.monotonic()
+        flow.ack_many(first)
+        waiter.join(timeout=30)
+        assert [m.payload for m in got] == [b"two"]
+        assert time.monotonic() - started < 10

@@ -182,3 +182,22 @@ def test_a_claimed_commit_goes_before_every_write_submitted_after_the_claim(tmp_
     assert order[-1] == "alone"
     assert store.claim_commit()                     # idle again, and the last commit a lone one
     store.commit_claimed(lambda w: None).result()
+
+
+def test_the_commit_changes_hook_names_the_version_made_and_the_queues_appended_to(tmp_path,
+                                                                                   opened):
+    """``on_commit_changes``: after each commit of this process, the store version it made
+    (what ``version()`` reads until the next commit) and the qids it appended to; a commit
+    that appended nothing names none (delivery wakes a queue's receives by it)."""
+    store = opened(tmp_path / "d", durability="sync")
+    a, b = make_queue(store, "a"), make_queue(store, "b")
+    seen: list[tuple[int, frozenset[int]]] = []
+    store.on_commit_changes(lambda version, qids: seen.append((version, qids)))
+    append(store, a, 0, [b"x"])
+    assert seen[-1] == (store.version(), frozenset({a}))
+    store.submit(lambda w: (w.append(a, 0, [rec(b"y")]), w.append(b, 0, [rec(b"z")]))).result()
+    assert seen[-1] == (store.version(), frozenset({a, b}))
+    store.submit(lambda w: w.put_meta(b"x-test", b"1")).result()
+    assert seen[-1] == (store.version(), frozenset())
+    versions = [v for v, _ in seen]
+    assert versions == list(range(versions[0], versions[0] + 3))
