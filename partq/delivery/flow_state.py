@@ -11,8 +11,13 @@ from partq.flow import PollWatch
 from partq.message import FlowChangeUpdate, Message
 
 
+def positions(msgs: list[Message]) -> str:
+    """The first five messages as partition/seq, for an error ("0/3, 1/7 ...")."""
+    return ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+
+
 def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced:
-    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+    where = positions(msgs)
     return FlowFenced(
         f"flow {flow.name or flow.flow_id} of queue {queue!r} no longer holds the partition of "
         f"{len(msgs)} message(s) it {verb} (partition/seq {where}): nothing was {verb}; the "
@@ -21,7 +26,7 @@ def fenced_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced
 
 def dead_error(queue: str, flow, msgs: list[Message]) -> FlowFenced:
     """The error of an ack naming messages that died since they were handed out."""
-    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+    where = positions(msgs)
     return FlowFenced(
         f"flow {flow.name or flow.flow_id} of queue {queue!r} acked {len(msgs)} message(s) that "
         f"died after it got them (expired, past max_redelivery, or rejected or killed: "

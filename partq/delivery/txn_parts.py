@@ -22,7 +22,7 @@ from partq.config import redelivery_wait
 from partq.delivery import owner
 from partq.delivery.dead_letter import dead_op, rejected
 from partq.delivery.flow_calls import delays_op
-from partq.delivery.flow_state import FlowState, dead_error, fenced_error
+from partq.delivery.flow_state import FlowState, dead_error, fenced_error, positions
 from partq.delivery.key_handoff import target_holds
 from partq.errors import FlowFenced, InvalidAck
 from partq.message import Message
@@ -72,7 +72,7 @@ def unacked_check(queue: str, qid: int, flow, sp: int, msgs: list[Message],
 
 def consumed_error(queue: str, flow, msgs: list[Message], verb: str) -> FlowFenced:
     """The error of a transaction naming messages the store has acked already."""
-    where = ", ".join(f"{m.partition}/{m.seq}" for m in msgs[:5]) + (" ..." if len(msgs) > 5 else "")
+    where = positions(msgs)
     return FlowFenced(
         f"flow {flow.name or flow.flow_id} of queue {queue!r} {verb} {len(msgs)} message(s) in a "
         f"transaction that are acked already (by another transaction or call, killed by an "
